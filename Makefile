@@ -1,0 +1,49 @@
+# The README's commands. Every target that needs Python makes .venv first, so a fresh
+# machine needs nothing but python3 (>= 3.11) and make.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+SOURCES := cluster webhook extender certs loadtest tests
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,loadtest]'
+	touch $@
+
+venv: $(STAMP) ## create .venv and install the project with its test extras
+
+check: $(STAMP) ## ruff, ruff format, mypy --strict, import-linter
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
+	$(BIN)/mypy $(SOURCES)
+	$(BIN)/lint-imports
+
+test: check ## the full suite: checks, then every test layer
+	$(BIN)/python -m pytest
+
+certs: $(STAMP) ## make the CA and the serving/client certificates in certs-out/
+	$(BIN)/python -m certs --out certs-out --dns localhost --ip 127.0.0.1
+
+demo: $(STAMP) ## a short self-contained run of the cluster model on real trace data
+	$(BIN)/python -m loadtest demo
+
+loadtest: $(STAMP) ## benchmarks (see loadtest/README section in README.md)
+	$(BIN)/python -m loadtest --help
+
+e2e: $(STAMP) ## the end-to-end suite against a real control plane
+	$(BIN)/python -m pytest tests/e2e -m e2e
+
+fmt: $(STAMP) ## format and autofix
+	$(BIN)/ruff format $(SOURCES)
+	$(BIN)/ruff check --fix $(SOURCES)
+
+.PHONY: help venv check test certs demo loadtest e2e fmt

@@ -1,0 +1,1 @@
+"""Certificates for the webhook and the extender: a CA, serving and client certificates."""

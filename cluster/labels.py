@@ -1,0 +1,95 @@
+"""Every label, annotation, resource and scheduler name Tessera reads or writes.
+
+Layer: PURE. Constants only: no imports beyond ``typing``, no logic. The one home for
+these strings; a test checks that ``manifests/`` uses exactly these values, so a key
+changes here or nowhere.
+"""
+
+from typing import Final
+
+# ---------------------------------------------------------------- read from users' objects
+QUEUE_NAME: Final[str] = "kueue.x-k8s.io/queue-name"
+"""Label on Job/JobSet/Pod: the LocalQueue in the object's namespace."""
+
+PRIORITY_CLASS: Final[str] = "kueue.x-k8s.io/priority-class"
+"""Label on Job/JobSet/Pod: the WorkloadPriorityClass; injected from the queue default."""
+
+GANG_MIN: Final[str] = "tessera.dev/gang-min"
+"""Annotation: members that must run together (default: all). Also written on templates."""
+
+TOPOLOGY: Final[str] = "tessera.dev/topology"
+"""Annotation: ``required:<level>`` or ``preferred:<level>``; copied onto pod templates."""
+
+GPU_PRODUCT: Final[str] = "tessera.dev/gpu-product"
+"""Annotation: GPU products the job accepts, ``|``-separated (``H100|A100``)."""
+
+GPU_RESOURCE: Final[str] = "nvidia.com/gpu"
+"""Extended resource: whole GPUs (container requests/limits, node allocatable)."""
+
+GPU_MILLI_RESOURCE: Final[str] = "tessera.dev/gpu-milli"
+"""Extended resource: a share of one GPU, 1-999 thousandths (GPU sharing)."""
+
+# ---------------------------------------------------------------- written by the webhook
+GANG: Final[str] = "tessera.dev/gang"
+"""Label on pod templates: gang id ``<namespace>.<job name>``."""
+
+GANG_SIZE: Final[str] = "tessera.dev/gang-size"
+"""Annotation on pod templates: members of the gang in total."""
+
+DEFAULT_SCHEDULER_NAME: Final[str] = "tessera-gpu"
+"""The kube-scheduler profile that runs the extender; written into pod templates."""
+
+KUEUE_ADMISSION_GATE: Final[str] = "kueue.x-k8s.io/admission"
+"""Scheduling gate that keeps a plain Pod suspended until Kueue admits it."""
+
+# ---------------------------------------------------------------- written by the extender
+GPU_INDICES: Final[str] = "tessera.dev/gpu-indices"
+"""Annotation on bound pods: GPU indices taken on the node (``0,1,2,3``; a share: one)."""
+
+# ---------------------------------------------------------------- read from nodes
+GFD_PRODUCT: Final[str] = "nvidia.com/gpu.product"
+"""GPU Feature Discovery label: the GPU model (``NVIDIA-H100-80GB-HBM3``)."""
+
+GFD_MEMORY: Final[str] = "nvidia.com/gpu.memory"
+"""GPU Feature Discovery label: memory of one GPU in MiB."""
+
+NVLINK_ISLANDS: Final[str] = "tessera.dev/nvlink-islands"
+"""Node annotation: GPU indices per NVLink island (``0-3,4-7``); absent: one island."""
+
+UNHEALTHY_GPUS: Final[str] = "tessera.dev/unhealthy-gpus"
+"""Node annotation: GPU indices never to use (``5`` or ``1,5``)."""
+
+DRAIN_AFTER: Final[str] = "tessera.dev/drain-after"
+"""Node annotation: RFC 3339 time of planned maintenance."""
+
+HOSTNAME: Final[str] = "kubernetes.io/hostname"
+"""Well-known node label: the lowest topology level, one domain per node."""
+
+NAMESPACE_NAME: Final[str] = "kubernetes.io/metadata.name"
+"""Well-known namespace label carrying the namespace's own name (namespaceSelector)."""
+
+# ---------------------------------------------------------------- queue policy annotations
+DEFAULT_PRIORITY_CLASS: Final[str] = "tessera.dev/default-priority-class"
+"""LocalQueue/ClusterQueue annotation: priority class injected when a job names none."""
+
+DEFAULT_TIME_LIMIT: Final[str] = "tessera.dev/default-time-limit"
+"""LocalQueue/ClusterQueue annotation: ``activeDeadlineSeconds`` injected when absent."""
+
+MAX_TIME_LIMIT: Final[str] = "tessera.dev/max-time-limit"
+"""LocalQueue/ClusterQueue annotation: the longest ``activeDeadlineSeconds`` allowed."""
+
+MAX_GPUS_PER_JOB: Final[str] = "tessera.dev/max-gpus-per-job"
+"""LocalQueue/ClusterQueue annotation: the most GPUs one workload may ask for."""
+
+DEFAULT_QUEUE: Final[str] = "tessera.dev/default-queue"
+"""LocalQueue annotation (``"true"``): the queue for GPU workloads without a queue label."""
+
+# ---------------------------------------------------------------- Kubernetes names we match on
+JOB_NAME: Final[str] = "batch.kubernetes.io/job-name"
+"""Label the job controller puts on a Job's pods."""
+
+JOBSET_NAME: Final[str] = "jobset.sigs.k8s.io/jobset-name"
+"""Label the JobSet controller puts on its Jobs and pods."""
+
+TAINT_NOT_READY: Final[str] = "node.kubernetes.io/not-ready"
+"""Taint the node admission plugin adds to new nodes until the kubelet reports Ready."""

@@ -1,0 +1,1 @@
+"""The mutating admission webhook (see DESIGN.md): queue, suspend, priority, flavors, gang."""
