@@ -144,6 +144,16 @@ def _matches(obj: Obj, namespace: str | None, labels: str, fields: str) -> bool:
     )
 
 
+def _as_seen_by(watcher: _Watcher, event: str, obj: Obj, old: Obj | None) -> str | None:
+    """The event a selector-filtered watch reports, as kube-apiserver's watch cache does:
+    an object that starts matching is ADDED, one that stops matching is DELETED."""
+    now = _matches(obj, watcher.namespace, watcher.labels, watcher.fields)
+    before = old is not None and _matches(old, watcher.namespace, watcher.labels, watcher.fields)
+    if event == "MODIFIED" and now != before:
+        return "ADDED" if now else "DELETED"
+    return event if now else None
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch."""
     if not isinstance(patch, dict):
@@ -212,7 +222,7 @@ class FakeApiServer:
         self._ssl = ssl_context
         self._rv = 100
         self._oldest = 0
-        self._history: list[tuple[int, str, str, Obj]] = []
+        self._history: list[tuple[int, str, str, Obj, Obj | None]] = []
         self._snapshots: dict[str, tuple[int, list[Obj]]] = {}
         self._watchers: set[_Watcher] = set()
         self._withheld = False
@@ -283,9 +293,10 @@ class FakeApiServer:
         meta.setdefault("uid", str(uuid.uuid4()))
         self._rv += 1
         meta["resourceVersion"] = str(self._rv)
-        event = "MODIFIED" if key in items else "ADDED"
+        old = items.get(key)
+        event = "MODIFIED" if old is not None else "ADDED"
         items[key] = stored
-        self.notify(collection, event, stored)
+        self.notify(collection, event, stored, old)
         return copy.deepcopy(stored)
 
     def delete(self, collection: str, key: str) -> None:
@@ -295,17 +306,16 @@ class FakeApiServer:
         obj["metadata"]["resourceVersion"] = str(self._rv)
         self.notify(collection, "DELETED", obj)
 
-    def notify(self, collection: str, event: str, obj: Obj) -> None:
+    def notify(self, collection: str, event: str, obj: Obj, old: Obj | None = None) -> None:
         """Record an event in history and stream it to the watchers that match it."""
         rv = int(obj["metadata"]["resourceVersion"])
-        self._history.append((rv, collection, event, copy.deepcopy(obj)))
+        self._history.append((rv, collection, event, copy.deepcopy(obj), old))
         if self._withheld:
             return
         for watcher in list(self._watchers):
-            if watcher.collection == collection and _matches(
-                obj, watcher.namespace, watcher.labels, watcher.fields
-            ):
-                watcher.queue.put_nowait(("event", (event, copy.deepcopy(obj))))
+            seen = _as_seen_by(watcher, event, obj, old)
+            if watcher.collection == collection and seen is not None:
+                watcher.queue.put_nowait(("event", (seen, copy.deepcopy(obj))))
 
     @contextlib.contextmanager
     def withheld(self) -> Iterator[None]:
@@ -447,13 +457,10 @@ class FakeApiServer:
                 if _matches(obj, watcher.namespace, watcher.labels, watcher.fields):
                     watcher.queue.put_nowait(("event", ("ADDED", copy.deepcopy(obj))))
         else:
-            for rv, name, event, obj in self._history:
-                if (
-                    rv > since
-                    and name == collection
-                    and _matches(obj, watcher.namespace, watcher.labels, watcher.fields)
-                ):
-                    watcher.queue.put_nowait(("event", (event, copy.deepcopy(obj))))
+            for rv, name, event, obj, old in self._history:
+                seen = _as_seen_by(watcher, event, obj, old)
+                if rv > since and name == collection and seen is not None:
+                    watcher.queue.put_nowait(("event", (seen, copy.deepcopy(obj))))
         self._watchers.add(watcher)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
