@@ -1,0 +1,796 @@
+"""The queue policy: Kueue's own objects, read into frozen records with O(1) lookups.
+
+Layer: PURE. Builds a ``Policy`` from raw Kueue objects (dicts, as a watch or a
+``kubectl apply -f`` file gives them) and answers questions about it. No I/O, no clock,
+no settings, no aiohttp. Must never raise on a malformed object: it is skipped (or the bad
+field ignored) and the reason is kept in ``Policy.problems`` for the caller to log.
+
+Objects read (API group ``kueue.x-k8s.io``, any version; ``v1beta2`` is current):
+
+* ``ResourceFlavor``: ``spec.nodeLabels``, ``spec.nodeTaints``, ``spec.tolerations``,
+  ``spec.topologyName``.
+* ``ClusterQueue``: ``spec.cohortName`` (``spec.cohort`` in v1beta1),
+  ``spec.resourceGroups[].coveredResources`` and ``.flavors[].resources[]`` with
+  ``nominalQuota``, ``borrowingLimit``, ``lendingLimit``.
+* ``LocalQueue``: ``spec.clusterQueue``.
+* ``Topology``: ``spec.levels[].nodeLabel``, from the top level down.
+* ``WorkloadPriorityClass``: ``value``.
+* A ``List`` of any of these (what ``kubectl get -o yaml`` prints) is read item by item.
+
+What Kueue has no field for comes from ``tessera.dev/*`` annotations, read on the
+LocalQueue first and, field by field, on its ClusterQueue when the LocalQueue has none:
+``default-priority-class``, ``default-time-limit`` and ``max-time-limit`` (seconds as a
+plain integer, or a Go duration such as ``4h``, ``90m``, ``1h30m``),
+``max-gpus-per-job`` (a whole number). A LocalQueue annotated
+``tessera.dev/default-queue: "true"`` (or, failing that, one named ``default``) is its
+namespace's queue for GPU workloads that name none.
+
+Topology level names: a level is named either by its full node label or by the label's
+name part, the text after the last ``/`` (``rack`` for ``example.com/rack``, ``hostname``
+for ``kubernetes.io/hostname``; a label without ``/`` is its own name part). When two
+levels of one Topology share a name part, that short name is ambiguous and only the full
+labels name them (recorded as a problem).
+
+Cohort arithmetic (``Policy.limit``): the most a queue could ever get of one flavor and
+resource is its ``nominalQuota`` plus what it can borrow. What the rest of its cohort can
+lend is, summed over the other ClusterQueues of the cohort that have quota for that
+flavor and resource, each one's ``lendingLimit`` if set, else its ``nominalQuota``. The
+queue can borrow all of that when it has no ``borrowingLimit``, and at most its
+``borrowingLimit`` otherwise (never more than the cohort can lend). A queue in no cohort
+borrows nothing. Kueue's hierarchical ``Cohort`` objects are not read: their own quota is
+not counted (a documented limitation; the verdict can only be stricter than Kueue's).
+Quantities are kept in milli-units of the quantity (``to_milli``): ``"16"`` GPUs is 16000.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, fields, replace
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Any, Final
+
+from cluster import labels
+from cluster.model import Taint
+from cluster.quantity import QuantityError, to_milli
+
+KUEUE_GROUP: Final = "kueue.x-k8s.io"
+GPU_RESOURCES: Final = (labels.GPU_RESOURCE, labels.GPU_MILLI_RESOURCE)
+"""The resources that make a flavor a GPU flavor and a workload a GPU workload."""
+DEFAULT_QUEUE_NAME: Final = "default"
+
+_EMPTY: Mapping[Any, Any] = MappingProxyType({})
+
+
+class PolicyError(ValueError):
+    """One malformed object or field; the message says which and why."""
+
+
+# ---------------------------------------------------------------- durations
+
+
+_GO_DURATION_PART: Final = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_SECONDS: Final = {
+    "ns": Fraction(1, 10**9),
+    "us": Fraction(1, 10**6),
+    "µs": Fraction(1, 10**6),
+    "μs": Fraction(1, 10**6),
+    "ms": Fraction(1, 1000),
+    "s": Fraction(1),
+    "m": Fraction(60),
+    "h": Fraction(3600),
+}
+
+
+def parse_seconds(value: object) -> int:
+    """Whole seconds from ``3600``, ``"3600"`` or a Go duration (``4h``, ``1h30m``, ``90s``).
+
+    A fraction of a second rounds up (a limit is never shortened). Zero, negative and
+    anything else raise ``PolicyError``.
+    """
+    if isinstance(value, bool):
+        raise PolicyError(f"{value!r} is not a duration")
+    if isinstance(value, int):
+        seconds = Fraction(value)
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.isdigit():
+            seconds = Fraction(int(text))
+        else:
+            seconds = Fraction(0)
+            position = 0
+            for match in _GO_DURATION_PART.finditer(text):
+                if match.start() != position:
+                    break
+                seconds += Fraction(match[1]) * _UNIT_SECONDS[match[2]]
+                position = match.end()
+            if position == 0 or position != len(text):
+                raise PolicyError(
+                    f"{value!r} is not a duration: use whole seconds (3600) "
+                    "or a Go duration (4h, 90m, 1h30m)"
+                )
+    else:
+        raise PolicyError(f"{value!r} is not a duration")
+    if seconds <= 0:
+        raise PolicyError(f"{value!r} is not a positive duration")
+    return math.ceil(seconds)
+
+
+def format_seconds(seconds: int) -> str:
+    """``14400`` → ``4h``, ``5400`` → ``1h30m``, ``59`` → ``59s``: for messages."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return text + (f"{secs}s" if secs or not text else "")
+
+
+# ---------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """A pod toleration; ``operator`` is ``Equal`` or ``Exists``, empty strings mean unset."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+    toleration_seconds: int | None = None
+
+    def tolerates(self, taint: Taint) -> bool:
+        """Kubernetes' rule: effect matches (or is unset), key matches, value or Exists."""
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.key and self.key != taint.key:
+            return False
+        if self.operator == "Exists":
+            return True
+        return bool(self.key) and self.value == taint.value
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.key:
+            out["key"] = self.key
+        out["operator"] = self.operator
+        if self.value:
+            out["value"] = self.value
+        if self.effect:
+            out["effect"] = self.effect
+        if self.toleration_seconds is not None:
+            out["tolerationSeconds"] = self.toleration_seconds
+        return out
+
+
+def toleration_for(taint: Taint) -> Toleration:
+    """The narrowest toleration of ``taint``: this key, this value, this effect."""
+    if taint.value:
+        return Toleration(key=taint.key, operator="Equal", value=taint.value, effect=taint.effect)
+    return Toleration(key=taint.key, operator="Exists", effect=taint.effect)
+
+
+def parse_toleration(raw: object) -> Toleration:
+    """A toleration from pod-spec JSON; raises ``PolicyError`` when it is not one."""
+    if not isinstance(raw, Mapping):
+        raise PolicyError(f"toleration {raw!r} is not an object")
+    seconds = raw.get("tolerationSeconds")
+    if seconds is not None and (not isinstance(seconds, int) or isinstance(seconds, bool)):
+        raise PolicyError(f"toleration {dict(raw)!r}: tolerationSeconds is not an integer")
+    operator = raw.get("operator") or "Equal"
+    if operator not in ("Equal", "Exists"):
+        raise PolicyError(f"toleration {dict(raw)!r}: operator must be Equal or Exists")
+    return Toleration(
+        key=_str(raw.get("key")),
+        operator=operator,
+        value=_str(raw.get("value")),
+        effect=_str(raw.get("effect")),
+        toleration_seconds=seconds,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Flavor:
+    """A ResourceFlavor: where its nodes are (labels), what keeps others off (taints)."""
+
+    name: str
+    node_labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    node_taints: tuple[Taint, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    topology_name: str | None = None
+
+    @property
+    def product(self) -> str | None:
+        """The GPU model of the flavor's nodes (GFD's ``nvidia.com/gpu.product`` label)."""
+        return self.node_labels.get(labels.GFD_PRODUCT)
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """One flavor/resource row of a ClusterQueue, in milli-units of the quantity."""
+
+    nominal: int
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+
+    @property
+    def lendable(self) -> int:
+        """What this queue lends its cohort: ``lendingLimit`` if set, else all its nominal."""
+        if self.lending_limit is None:
+            return self.nominal
+        return min(self.lending_limit, self.nominal)
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """The most a queue could ever get of one flavor and resource, and its parts.
+
+    ``cohort_lendable`` is what the rest of the cohort can lend; ``borrowable`` is what
+    this queue can take of it (capped by its ``borrowing_limit``). Milli-units.
+    """
+
+    nominal: int = 0
+    borrowable: int = 0
+    borrowing_limit: int | None = None
+    cohort_lendable: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.nominal + self.borrowable
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """The ``tessera.dev/*`` queue annotations; ``None`` means not set."""
+
+    default_priority_class: str | None = None
+    default_time_limit_s: int | None = None
+    max_time_limit_s: int | None = None
+    max_gpus_per_job: int | None = None
+
+    def over(self, fallback: QueueSettings) -> QueueSettings:
+        """These settings, with each unset field taken from ``fallback``."""
+        return QueueSettings(
+            **{
+                f.name: getattr(self, f.name)
+                if getattr(self, f.name) is not None
+                else getattr(fallback, f.name)
+                for f in fields(self)
+            }
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterQueue:
+    """A ClusterQueue: its cohort, its flavors in order, and its quota per flavor/resource."""
+
+    name: str
+    cohort: str | None = None
+    flavors: tuple[str, ...] = ()
+    covered: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
+    """Resource name → flavors (in order) of the resource groups that cover it."""
+    quotas: Mapping[tuple[str, str], Quota] = field(default_factory=lambda: _EMPTY)
+    """(flavor, resource) → quota."""
+    settings: QueueSettings = QueueSettings()
+
+    def flavors_for(self, resource: str) -> tuple[str, ...]:
+        return self.covered.get(resource, ())
+
+    @property
+    def gpu_flavors(self) -> tuple[str, ...]:
+        """Flavors of the resource groups that cover a GPU resource, in queue order."""
+        names = {f for resource in GPU_RESOURCES for f in self.flavors_for(resource)}
+        return tuple(f for f in self.flavors if f in names)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalQueue:
+    """A LocalQueue, with its effective settings (its annotations over its ClusterQueue's)."""
+
+    namespace: str
+    name: str
+    cluster_queue: str
+    settings: QueueSettings = QueueSettings()
+    marked_default: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """A Topology: its level node labels from the top (``block``) down (``hostname``)."""
+
+    name: str
+    levels: tuple[str, ...]
+    names: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    """Every accepted level name (full label or unambiguous name part) → node label."""
+
+    def node_label(self, level: str) -> str | None:
+        """The node label a level name stands for, or ``None`` if this Topology lacks it."""
+        return self.names.get(level)
+
+    @property
+    def level_names(self) -> tuple[str, ...]:
+        """The short name of each level where it is unambiguous, else its full label."""
+        short = {label: name for name, label in self.names.items() if name != label}
+        return tuple(short.get(label, label) for label in self.levels)
+
+
+def level_name_part(node_label: str) -> str:
+    """The name part of a node label: the text after the last ``/``."""
+    return node_label.rsplit("/", 1)[-1]
+
+
+def make_topology(name: str, levels: Iterable[str]) -> tuple[Topology, list[str]]:
+    """A Topology with its name lookup built; also the ambiguity problems found."""
+    levels = tuple(levels)
+    problems: list[str] = []
+    names: dict[str, str] = {label: label for label in levels}
+    by_part: dict[str, list[str]] = {}
+    for label in levels:
+        by_part.setdefault(level_name_part(label), []).append(label)
+    for part, owners in by_part.items():
+        if len(owners) > 1:
+            problems.append(
+                f"Topology {name}: levels {', '.join(owners)} share the name {part!r}; "
+                "name them by their full node label"
+            )
+        elif part not in names:
+            names[part] = owners[0]
+    return Topology(name=name, levels=levels, names=MappingProxyType(names)), problems
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    name: str
+    value: int
+
+
+# ---------------------------------------------------------------- the policy
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Everything the webhook decides against. Build it with ``policy_from_objects``."""
+
+    flavors: Mapping[str, Flavor] = field(default_factory=lambda: _EMPTY)
+    cluster_queues: Mapping[str, ClusterQueue] = field(default_factory=lambda: _EMPTY)
+    local_queues: Mapping[tuple[str, str], LocalQueue] = field(default_factory=lambda: _EMPTY)
+    """(namespace, name) → LocalQueue."""
+    queue_names: Mapping[str, tuple[str, ...]] = field(default_factory=lambda: _EMPTY)
+    """Namespace → its LocalQueue names, sorted (for messages)."""
+    default_queues: Mapping[str, LocalQueue] = field(default_factory=lambda: _EMPTY)
+    topologies: Mapping[str, Topology] = field(default_factory=lambda: _EMPTY)
+    priority_classes: Mapping[str, PriorityClass] = field(default_factory=lambda: _EMPTY)
+    limits: Mapping[tuple[str, str, str], Limit] = field(default_factory=lambda: _EMPTY)
+    """(ClusterQueue, flavor, resource) → the most the queue could ever get."""
+    problems: tuple[str, ...] = ()
+
+    def local_queue(self, namespace: str, name: str) -> LocalQueue | None:
+        return self.local_queues.get((namespace, name))
+
+    def queues_in(self, namespace: str) -> tuple[str, ...]:
+        return self.queue_names.get(namespace, ())
+
+    def default_queue(self, namespace: str) -> LocalQueue | None:
+        return self.default_queues.get(namespace)
+
+    def cluster_queue(self, name: str) -> ClusterQueue | None:
+        return self.cluster_queues.get(name)
+
+    def flavor(self, name: str) -> Flavor | None:
+        return self.flavors.get(name)
+
+    def topology(self, name: str) -> Topology | None:
+        return self.topologies.get(name)
+
+    def priority_class(self, name: str) -> PriorityClass | None:
+        return self.priority_classes.get(name)
+
+    @property
+    def priority_class_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self.priority_classes))
+
+    def limit(self, cluster_queue: str, flavor: str, resource: str) -> Limit:
+        """The most ``cluster_queue`` could ever get of ``flavor``/``resource`` (0 if none)."""
+        return self.limits.get((cluster_queue, flavor, resource), Limit())
+
+
+# ---------------------------------------------------------------- building
+
+
+def policy_from_objects(objs: Iterable[Mapping[str, Any]]) -> Policy:
+    """Read Kueue objects into a ``Policy``; anything malformed is skipped and reported.
+
+    Objects of other API groups are ignored silently (a file may hold namespaces too).
+    When two objects have the same kind and name, the later one wins.
+    """
+    problems: list[str] = []
+    flavors: dict[str, Flavor] = {}
+    raw_cqs: dict[str, ClusterQueue] = {}
+    raw_lqs: dict[tuple[str, str], LocalQueue] = {}
+    topologies: dict[str, Topology] = {}
+    priorities: dict[str, PriorityClass] = {}
+
+    for obj in _flatten(objs, problems):
+        kind = obj.get("kind")
+        name = _name_of(obj)
+        try:
+            if kind == "ResourceFlavor":
+                _put(flavors, name, _parse_flavor(obj, name), "ResourceFlavor", problems)
+            elif kind == "ClusterQueue":
+                _put(raw_cqs, name, _parse_cluster_queue(obj, name, problems), kind, problems)
+            elif kind == "LocalQueue":
+                lq = _parse_local_queue(obj, name, problems)
+                _put(raw_lqs, (lq.namespace, name), lq, kind, problems)
+            elif kind == "Topology":
+                topology, found = make_topology(name, _parse_levels(obj, name))
+                problems.extend(found)
+                _put(topologies, name, topology, kind, problems)
+            elif kind == "WorkloadPriorityClass":
+                _put(priorities, name, _parse_priority_class(obj, name), kind, problems)
+            elif kind == "Cohort":
+                problems.append(
+                    f"Cohort {name}: Cohort objects are not read; quota they hold is not "
+                    "counted in what a queue can borrow"
+                )
+        except PolicyError as exc:
+            problems.append(f"{kind} {name or '<unnamed>'} skipped: {exc}")
+
+    local_queues = _resolve_local_queues(raw_lqs, raw_cqs, priorities, problems)
+    _check_references(raw_cqs, flavors, topologies, priorities, problems)
+    return Policy(
+        flavors=MappingProxyType(flavors),
+        cluster_queues=MappingProxyType(raw_cqs),
+        local_queues=MappingProxyType(local_queues),
+        queue_names=MappingProxyType(_names_by_namespace(local_queues)),
+        default_queues=MappingProxyType(_default_queues(local_queues, problems)),
+        topologies=MappingProxyType(topologies),
+        priority_classes=MappingProxyType(priorities),
+        limits=MappingProxyType(_limits(raw_cqs)),
+        problems=tuple(problems),
+    )
+
+
+def _flatten(objs: Iterable[object], problems: list[str]) -> Iterator[Mapping[str, Any]]:
+    for obj in objs:
+        if obj is None:
+            continue  # an empty YAML document
+        if not isinstance(obj, Mapping):
+            problems.append(f"skipped a document that is not an object: {str(obj)[:80]!r}")
+            continue
+        if str(obj.get("kind", "")).endswith("List"):
+            items = obj.get("items")
+            if isinstance(items, list):
+                yield from _flatten(items, problems)
+            else:
+                problems.append(f"skipped a {obj.get('kind')} without an items list")
+            continue
+        api_version = obj.get("apiVersion")
+        if not isinstance(api_version, str) or not api_version.startswith(KUEUE_GROUP + "/"):
+            continue
+        yield obj
+
+
+def _put(into: dict[Any, Any], key: Any, value: Any, kind: str, problems: list[str]) -> None:
+    if key in into:
+        problems.append(f"{kind} {key}: defined twice; the later definition wins")
+    into[key] = value
+
+
+def _name_of(obj: Mapping[str, Any]) -> str:
+    metadata = obj.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    return name if isinstance(name, str) else ""
+
+
+def _require_name(name: str) -> None:
+    if not name:
+        raise PolicyError("metadata.name is missing")
+
+
+def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = obj.get("spec")
+    if spec is None:
+        return _EMPTY
+    if not isinstance(spec, Mapping):
+        raise PolicyError("spec is not an object")
+    return spec
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    metadata = obj.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+    return annotations if isinstance(annotations, Mapping) else _EMPTY
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _list(value: object, what: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise PolicyError(f"{what} is not a list")
+    return value
+
+
+def _quantity(value: object, what: str) -> int:
+    if not isinstance(value, str | int | float):
+        raise PolicyError(f"{what} {value!r} is not a quantity")
+    try:
+        return to_milli(value)
+    except QuantityError as exc:
+        raise PolicyError(f"{what}: {exc}") from None
+
+
+def _parse_flavor(obj: Mapping[str, Any], name: str) -> Flavor:
+    _require_name(name)
+    spec = _spec(obj)
+    node_labels = spec.get("nodeLabels") or {}
+    if not isinstance(node_labels, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in node_labels.items()
+    ):
+        raise PolicyError("spec.nodeLabels is not a map of strings")
+    taints = []
+    for raw in _list(spec.get("nodeTaints"), "spec.nodeTaints"):
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("key"), str):
+            raise PolicyError(f"spec.nodeTaints: {raw!r} is not a taint with a key")
+        effect = _str(raw.get("effect"))
+        if effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise PolicyError(f"spec.nodeTaints: effect {effect!r} is not a taint effect")
+        taints.append(Taint(key=raw["key"], value=_str(raw.get("value")), effect=effect))
+    tolerations = tuple(
+        parse_toleration(raw) for raw in _list(spec.get("tolerations"), "spec.tolerations")
+    )
+    topology = spec.get("topologyName")
+    return Flavor(
+        name=name,
+        node_labels=MappingProxyType(dict(node_labels)),
+        node_taints=tuple(taints),
+        tolerations=tolerations,
+        topology_name=topology if isinstance(topology, str) and topology else None,
+    )
+
+
+def _parse_cluster_queue(obj: Mapping[str, Any], name: str, problems: list[str]) -> ClusterQueue:
+    _require_name(name)
+    spec = _spec(obj)
+    cohort = spec.get("cohortName") or spec.get("cohort")  # v1beta2 | v1beta1
+    if cohort is not None and not isinstance(cohort, str):
+        raise PolicyError("spec.cohortName is not a string")
+    flavors: list[str] = []
+    covered: dict[str, list[str]] = {}
+    quotas: dict[tuple[str, str], Quota] = {}
+    for g, group in enumerate(_list(spec.get("resourceGroups"), "spec.resourceGroups")):
+        where = f"spec.resourceGroups[{g}]"
+        if not isinstance(group, Mapping):
+            raise PolicyError(f"{where} is not an object")
+        group_flavors: list[str] = []
+        group_resources = list(_list(group.get("coveredResources"), f"{where}.coveredResources"))
+        for f, flavor in enumerate(_list(group.get("flavors"), f"{where}.flavors")):
+            at = f"{where}.flavors[{f}]"
+            if not isinstance(flavor, Mapping) or not isinstance(flavor.get("name"), str):
+                raise PolicyError(f"{at} has no name")
+            flavor_name = flavor["name"]
+            group_flavors.append(flavor_name)
+            for r, resource in enumerate(_list(flavor.get("resources"), f"{at}.resources")):
+                rat = f"{at}.resources[{r}]"
+                if not isinstance(resource, Mapping) or not isinstance(resource.get("name"), str):
+                    raise PolicyError(f"{rat} has no name")
+                quotas[(flavor_name, resource["name"])] = _parse_quota(resource, rat)
+                if resource["name"] not in group_resources:
+                    group_resources.append(resource["name"])
+        for resource_name in group_resources:
+            if not isinstance(resource_name, str):
+                raise PolicyError(f"{where}.coveredResources holds a non-string")
+            covered.setdefault(resource_name, []).extend(group_flavors)
+        flavors.extend(f for f in group_flavors if f not in flavors)
+    return ClusterQueue(
+        name=name,
+        cohort=cohort or None,
+        flavors=tuple(flavors),
+        covered=MappingProxyType({r: tuple(fs) for r, fs in covered.items()}),
+        quotas=MappingProxyType(quotas),
+        settings=_parse_settings(obj, f"ClusterQueue {name}", problems),
+    )
+
+
+def _parse_quota(resource: Mapping[str, Any], where: str) -> Quota:
+    nominal = resource.get("nominalQuota")
+    if nominal is None:
+        raise PolicyError(f"{where}.nominalQuota is missing")
+    borrowing = resource.get("borrowingLimit")
+    lending = resource.get("lendingLimit")
+    return Quota(
+        nominal=_quantity(nominal, f"{where}.nominalQuota"),
+        borrowing_limit=None
+        if borrowing is None
+        else _quantity(borrowing, f"{where}.borrowingLimit"),
+        lending_limit=None if lending is None else _quantity(lending, f"{where}.lendingLimit"),
+    )
+
+
+def _parse_settings(obj: Mapping[str, Any], who: str, problems: list[str]) -> QueueSettings:
+    """The ``tessera.dev/*`` annotations; a bad value is reported and treated as unset."""
+    annotations = _annotations(obj)
+    values: dict[str, Any] = {}
+
+    def read(key: str, attribute: str, parse: Any) -> None:
+        raw = annotations.get(key)
+        if raw is None:
+            return
+        try:
+            values[attribute] = parse(raw)
+        except (PolicyError, ValueError) as exc:
+            problems.append(f"{who}: annotation {key}={raw!r} ignored: {exc}")
+
+    read(labels.DEFAULT_PRIORITY_CLASS, "default_priority_class", _nonempty)
+    read(labels.DEFAULT_TIME_LIMIT, "default_time_limit_s", parse_seconds)
+    read(labels.MAX_TIME_LIMIT, "max_time_limit_s", parse_seconds)
+    read(labels.MAX_GPUS_PER_JOB, "max_gpus_per_job", _positive_int)
+    return QueueSettings(**values)
+
+
+def _nonempty(raw: object) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        raise PolicyError("expected a name")
+    return raw.strip()
+
+
+def _positive_int(raw: object) -> int:
+    text = raw.strip() if isinstance(raw, str) else ""
+    if not text.isdigit() or int(text) < 1:
+        raise PolicyError("expected a whole number of 1 or more")
+    return int(text)
+
+
+def _parse_local_queue(obj: Mapping[str, Any], name: str, problems: list[str]) -> LocalQueue:
+    _require_name(name)
+    metadata = obj.get("metadata")
+    namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    if not isinstance(namespace, str) or not namespace:
+        raise PolicyError("metadata.namespace is missing")
+    cluster_queue = _spec(obj).get("clusterQueue")
+    if not isinstance(cluster_queue, str) or not cluster_queue:
+        raise PolicyError("spec.clusterQueue is missing")
+    marked = str(_annotations(obj).get(labels.DEFAULT_QUEUE, "")).strip().lower() == "true"
+    return LocalQueue(
+        namespace=namespace,
+        name=name,
+        cluster_queue=cluster_queue,
+        settings=_parse_settings(obj, f"LocalQueue {namespace}/{name}", problems),
+        marked_default=marked,
+    )
+
+
+def _parse_levels(obj: Mapping[str, Any], name: str) -> list[str]:
+    _require_name(name)
+    levels = []
+    for i, level in enumerate(_list(_spec(obj).get("levels"), "spec.levels")):
+        label = level.get("nodeLabel") if isinstance(level, Mapping) else None
+        if not isinstance(label, str) or not label:
+            raise PolicyError(f"spec.levels[{i}].nodeLabel is missing")
+        if label in levels:
+            raise PolicyError(f"spec.levels: {label} appears twice")
+        levels.append(label)
+    if not levels:
+        raise PolicyError("spec.levels is empty")
+    return levels
+
+
+def _parse_priority_class(obj: Mapping[str, Any], name: str) -> PriorityClass:
+    _require_name(name)
+    value = obj.get("value")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise PolicyError(f"value {value!r} is not an integer")
+    return PriorityClass(name=name, value=value)
+
+
+def _resolve_local_queues(
+    raw: Mapping[tuple[str, str], LocalQueue],
+    cluster_queues: Mapping[str, ClusterQueue],
+    priorities: Mapping[str, PriorityClass],
+    problems: list[str],
+) -> dict[tuple[str, str], LocalQueue]:
+    resolved: dict[tuple[str, str], LocalQueue] = {}
+    for key, lq in raw.items():
+        who = f"LocalQueue {lq.namespace}/{lq.name}"
+        cq = cluster_queues.get(lq.cluster_queue)
+        settings = lq.settings
+        if cq is None:
+            problems.append(f"{who}: ClusterQueue {lq.cluster_queue} does not exist")
+        else:
+            settings = settings.over(cq.settings)
+        default, limit = settings.default_time_limit_s, settings.max_time_limit_s
+        if default is not None and limit is not None and default > limit:
+            problems.append(
+                f"{who}: default time limit {format_seconds(default)} is above the maximum "
+                f"{format_seconds(limit)}; the maximum is used as the default"
+            )
+            settings = replace(settings, default_time_limit_s=limit)
+        klass = settings.default_priority_class
+        if klass is not None and klass not in priorities:
+            problems.append(f"{who}: default priority class {klass} does not exist")
+        resolved[key] = replace(lq, settings=settings)
+    return resolved
+
+
+def _check_references(
+    cluster_queues: Mapping[str, ClusterQueue],
+    flavors: Mapping[str, Flavor],
+    topologies: Mapping[str, Topology],
+    priorities: Mapping[str, PriorityClass],
+    problems: list[str],
+) -> None:
+    for cq in cluster_queues.values():
+        for name in cq.flavors:
+            if name not in flavors:
+                problems.append(f"ClusterQueue {cq.name}: ResourceFlavor {name} does not exist")
+        klass = cq.settings.default_priority_class
+        if klass is not None and klass not in priorities:
+            problems.append(
+                f"ClusterQueue {cq.name}: default priority class {klass} does not exist"
+            )
+    for flavor in flavors.values():
+        if flavor.topology_name is not None and flavor.topology_name not in topologies:
+            problems.append(
+                f"ResourceFlavor {flavor.name}: Topology {flavor.topology_name} does not exist"
+            )
+
+
+def _names_by_namespace(
+    local_queues: Mapping[tuple[str, str], LocalQueue],
+) -> dict[str, tuple[str, ...]]:
+    grouped: dict[str, list[str]] = {}
+    for namespace, name in local_queues:
+        grouped.setdefault(namespace, []).append(name)
+    return {namespace: tuple(sorted(names)) for namespace, names in grouped.items()}
+
+
+def _default_queues(
+    local_queues: Mapping[tuple[str, str], LocalQueue], problems: list[str]
+) -> dict[str, LocalQueue]:
+    marked: dict[str, list[LocalQueue]] = {}
+    named: dict[str, LocalQueue] = {}
+    for lq in local_queues.values():
+        if lq.marked_default:
+            marked.setdefault(lq.namespace, []).append(lq)
+        if lq.name == DEFAULT_QUEUE_NAME:
+            named[lq.namespace] = lq
+    defaults = dict(named)
+    for namespace, queues in marked.items():
+        queues.sort(key=lambda q: q.name)
+        if len(queues) > 1:
+            problems.append(
+                f"namespace {namespace}: LocalQueues {', '.join(q.name for q in queues)} are "
+                f"all marked {labels.DEFAULT_QUEUE}; {queues[0].name} is used"
+            )
+        defaults[namespace] = queues[0]
+    return defaults
+
+
+def _limits(cluster_queues: Mapping[str, ClusterQueue]) -> dict[tuple[str, str, str], Limit]:
+    # Sum each cohort's lendable quota once; a queue's share of it is the sum minus its own.
+    pooled: dict[tuple[str, str, str], int] = {}
+    for cq in cluster_queues.values():
+        if cq.cohort is None:
+            continue
+        for (flavor, resource), quota in cq.quotas.items():
+            key = (cq.cohort, flavor, resource)
+            pooled[key] = pooled.get(key, 0) + quota.lendable
+    limits: dict[tuple[str, str, str], Limit] = {}
+    for cq in cluster_queues.values():
+        for (flavor, resource), quota in cq.quotas.items():
+            lendable = 0
+            if cq.cohort is not None:
+                lendable = pooled[(cq.cohort, flavor, resource)] - quota.lendable
+            borrowable = (
+                lendable if quota.borrowing_limit is None else min(quota.borrowing_limit, lendable)
+            )
+            limits[(cq.name, flavor, resource)] = Limit(
+                nominal=quota.nominal,
+                borrowable=borrowable,
+                borrowing_limit=quota.borrowing_limit,
+                cohort_lendable=lendable,
+            )
+    return limits
