@@ -1,0 +1,1012 @@
+"""The nine admission rules, and ``admit`` that composes them into one decision.
+
+Layer: PURE. Plain functions from (workload, policy, config) to a decision: no async, no
+I/O, no clock, no settings object, no aiohttp, no pydantic. ``admit`` never raises for
+anything a request can contain.
+
+CREATE mutates, UPDATE only validates. Mutation works on a copy of the object: each rule
+reads the decoded ``Workload`` (the object as the user sent it) and writes into the copy,
+keeping every value the user set. The patch is ``diff(original, copy)``
+(``webhook.patch``). Every rule is idempotent: ``admit`` applied to its own output
+changes nothing, which is what kube-apiserver's ``reinvocationPolicy: IfNeeded`` needs.
+
+The rules, in the order they run (the first denial wins):
+
+1. ``rule_queue``: the ``kueue.x-k8s.io/queue-name`` LocalQueue, or the namespace's
+   default queue for a GPU workload with no label.
+2. ``rule_suspend``: ``spec.suspend: true`` (Job, JobSet), or the Kueue scheduling gate
+   (Pod).
+3. ``rule_priority``: the WorkloadPriorityClass label, defaulted from the queue.
+4. ``rule_flavors``: the queue's GPU flavors the job accepts; their node labels as a
+   required node affinity (ORed across flavors, ANDed with the user's), and tolerations
+   of their taints. Never ``nodeSelector``: Kueue writes that at admission.
+5. ``rule_quota``: the GPUs asked for against the most the queue could ever get.
+6. ``rule_gang``: gang id, size and minimum on every pod template.
+7. ``rule_topology``: ``tessera.dev/topology`` names a level of the flavors' Topology;
+   copied onto pod templates.
+8. ``rule_time_limit``: ``activeDeadlineSeconds`` defaulted and bounded by the queue.
+9. ``rule_scheduler``: ``schedulerName`` of the extender's profile.
+
+Decisions a reader might otherwise have to guess:
+
+* GPU product matching (rule 4): a product the job accepts (``H100``) matches a
+  flavor's ``nvidia.com/gpu.product`` label (``NVIDIA-H100-80GB-HBM3``, as GPU Feature
+  Discovery writes it) when its ``-``-separated parts appear as consecutive parts of the
+  label, case-insensitively: ``h100``, ``H100-80GB`` and the full label match it;
+  ``H10`` and ``A100`` do not. A flavor without the label matches no named product.
+* Node affinity (rule 4): required node-affinity terms are ORed and the expressions
+  inside a term ANDed, so (user terms) AND (flavor A OR flavor B) is every user term
+  ANDed with each flavor term. A user term that already contains every expression of
+  some flavor term already implies the flavors and is kept as it is; that is also what
+  makes a second pass change nothing. An empty user term matches no node and stays
+  empty. A flavor with no node labels may run anywhere, so then no affinity is added.
+* Tolerations (rule 4): one per taint in the allowed flavors' ``nodeTaints`` that no
+  existing toleration tolerates. The flavors' ``spec.tolerations`` are Kueue's to add
+  when it admits the workload to one flavor.
+* Gang id (rule 6): ``<namespace>.<name>``. A ``generateName`` object has no name at
+  admission, so its id is ``<namespace>.<generateName><5 characters>``, the characters
+  drawn from a SHA-256 of the admission request's uid in the alphabet Kubernetes uses
+  for generated names: unique (request uids are), and stable across reinvocation
+  because an existing ``tessera.dev/gang`` label, on the object or on a template, is
+  never rewritten. An id longer than a label value may be (63) keeps its first 57
+  characters and ends in ``-`` and 5 characters from a hash of the whole id.
+* Scheduler (rule 9): kube-apiserver defaults ``schedulerName`` to ``default-scheduler``
+  before admission, so that value counts as "not chosen" and is replaced.
+* Time limit (rule 8): the limit of a Job is its ``spec.activeDeadlineSeconds``, of a
+  JobSet each replicated Job's, of a Pod its own. The same value is also written into
+  pod templates that have none, because the extender only sees pods and needs it to
+  keep jobs off nodes that drain before the limit ends. With no default but a maximum,
+  the maximum is the default (a job without a limit would break the maximum).
+* Quota (rule 5): counted per GPU resource: whole GPUs against ``nvidia.com/gpu``
+  quota, shares (milli) against ``tessera.dev/gpu-milli`` quota. The job fits when one
+  allowed flavor can hold all of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from cluster import labels
+from cluster.convert import AnnotationError, parse_topology
+from cluster.model import MILLI_PER_GPU, GangId, Taint, TopologyMode
+from webhook.patch import clone
+from webhook.queues import (
+    ClusterQueue,
+    Flavor,
+    Limit,
+    LocalQueue,
+    Policy,
+    format_seconds,
+    parse_toleration,
+    toleration_for,
+)
+from webhook.workload import (
+    Deadline,
+    Path,
+    PodTemplate,
+    ReviewRequest,
+    Workload,
+    WorkloadError,
+    WorkloadKind,
+    workload_from_object,
+)
+
+FORBIDDEN: Final = 403
+"""The object is well-formed but the cluster's policy does not allow it."""
+INVALID: Final = 422
+"""The object carries a value that cannot be right (a malformed or immutable field)."""
+
+DEFAULT_SCHEDULER: Final = "default-scheduler"
+"""What kube-apiserver writes into ``schedulerName`` when the user chose nothing."""
+GANG_ID_MAX: Final = 63
+"""A label value's maximum length."""
+_NAME_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
+"""The characters Kubernetes draws generated-name suffixes from (no vowels, no 0/1/3)."""
+
+Notes = tuple[str, ...]
+"""Warnings a rule returns for the user (kubectl prints them)."""
+
+
+# ---------------------------------------------------------------- config and decisions
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitConfig:
+    """The few settings the rules read; built once by the app from its settings."""
+
+    scheduler_name: str = labels.DEFAULT_SCHEDULER_NAME
+    managed_namespaces: frozenset[str] = frozenset()
+    """Namespaces where a GPU workload without a queue is denied; ``*`` means all."""
+
+    def manages(self, namespace: str) -> bool:
+        return namespace in self.managed_namespaces or "*" in self.managed_namespaces
+
+
+@dataclass(frozen=True, slots=True)
+class Allowed:
+    """Admit ``object`` (the mutated copy, or the request's object when unchanged)."""
+
+    object: Mapping[str, Any]
+    warnings: Notes = ()
+    reason: str = "admitted"
+    """For metrics: ``admitted``, ``validated`` or why the object was let through as is."""
+    queue: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Denied:
+    """Reject, with HTTP-style ``code`` (403 or 422) and a message a person can act on."""
+
+    code: int
+    reason: str
+    """For metrics: the rule that denied (``queue``, ``quota``, …)."""
+    message: str
+    queue: str = ""
+
+    @property
+    def status_reason(self) -> str:
+        """The ``metav1.Status`` reason for ``code``."""
+        return "Invalid" if self.code == INVALID else "Forbidden"
+
+
+Decision = Allowed | Denied
+
+
+@dataclass(frozen=True, slots=True)
+class QueueChoice:
+    """The queue a workload goes to, and how it was chosen."""
+
+    local: LocalQueue
+    cluster: ClusterQueue
+    defaulted: bool = False
+
+    def __str__(self) -> str:
+        return f"queue {self.local.name} (ClusterQueue {self.cluster.name})"
+
+
+@dataclass(frozen=True, slots=True)
+class FlavorChoice:
+    """The queue's GPU flavors the workload may use, in the queue's order."""
+
+    flavors: tuple[Flavor, ...]
+    warnings: Notes = ()
+
+
+# ---------------------------------------------------------------- writing into the copy
+
+
+def _node(root: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The map at ``path`` in ``root``, creating missing (or null) maps on the way."""
+    node: Any = root
+    for token in path:
+        if isinstance(node, list):
+            node = node[int(token)]
+            continue
+        child = node.get(token)
+        if child is None:
+            child = {}
+            node[token] = child
+        node = child
+    if not isinstance(node, dict):
+        raise WorkloadError(f"/{'/'.join(map(str, path))} is not an object")
+    return node
+
+
+def _set_default(root: dict[str, Any], path: Path, key: str, value: Any) -> bool:
+    """Set ``key`` at ``path`` unless the user set it; True when it was written."""
+    if _read(root, (*path, key)) is not None:
+        return False
+    _node(root, path)[key] = value
+    return True
+
+
+def _read(root: Mapping[str, Any], path: Path) -> Any:
+    node: Any = root
+    for token in path:
+        if isinstance(node, list) and isinstance(token, int) and token < len(node):
+            node = node[token]
+        elif isinstance(node, Mapping):
+            node = node.get(str(token))
+        else:
+            return None
+    return node
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _names(items: Iterable[str]) -> str:
+    return ", ".join(items) or "none"
+
+
+# ---------------------------------------------------------------- rule 1: queue
+
+
+def rule_queue(
+    workload: Workload, policy: Policy, config: AdmitConfig, out: dict[str, Any]
+) -> QueueChoice | Denied | None:
+    """The LocalQueue named by the label (or the namespace's default), and its ClusterQueue.
+
+    ``None``: no label, no default queue, and a namespace not managed by Tessera: the
+    workload is not Tessera's to touch.
+    """
+    namespace = workload.namespace
+    existing = policy.queues_in(namespace)
+    there = (
+        f"queues in namespace {namespace}: {_names(existing)}"
+        if existing
+        else f"namespace {namespace} has no LocalQueue; ask your cluster admin for one"
+    )
+    name = workload.queue_name
+    if name is None:
+        local = policy.default_queue(namespace)
+        if local is None:
+            if not config.manages(namespace):
+                return None
+            return Denied(
+                FORBIDDEN,
+                "queue",
+                f"{workload.kind_word} {workload.display_name} uses GPUs but has no "
+                f"{labels.QUEUE_NAME} label, and namespace {namespace} has no default "
+                f"queue; set the label to one of the {there}",
+            )
+        _node(out, ("metadata", "labels"))[labels.QUEUE_NAME] = local.name
+    else:
+        found = policy.local_queue(namespace, name)
+        if found is None:
+            return Denied(
+                FORBIDDEN,
+                "queue",
+                f"LocalQueue {name!r} (label {labels.QUEUE_NAME}) does not exist in "
+                f"namespace {namespace}; {there}",
+                queue=name,
+            )
+        local = found
+    cluster = policy.cluster_queue(local.cluster_queue)
+    if cluster is None:
+        others = [q for q in existing if q != local.name]
+        return Denied(
+            FORBIDDEN,
+            "queue",
+            f"LocalQueue {local.name} in namespace {namespace} points at ClusterQueue "
+            f"{local.cluster_queue}, which does not exist; ask your cluster admin to fix "
+            f"it, or use another queue ({_names(others)})",
+            queue=local.name,
+        )
+    return QueueChoice(local=local, cluster=cluster, defaulted=name is None)
+
+
+# ---------------------------------------------------------------- rule 2: suspend
+
+
+def rule_suspend(workload: Workload, out: dict[str, Any]) -> Notes:
+    """Hold the workload for Kueue: ``spec.suspend`` (Job, JobSet) or the admission gate."""
+    if workload.kind is WorkloadKind.POD:
+        spec = _node(out, ("spec",))
+        gates = spec.get("schedulingGates") or []
+        if not any(
+            isinstance(g, Mapping) and g.get("name") == labels.KUEUE_ADMISSION_GATE for g in gates
+        ):
+            spec["schedulingGates"] = [*gates, {"name": labels.KUEUE_ADMISSION_GATE}]
+    else:
+        _node(out, ("spec",))["suspend"] = True
+    return ()
+
+
+# ---------------------------------------------------------------- rule 3: priority
+
+
+def rule_priority(
+    workload: Workload, queue: QueueChoice, policy: Policy, out: dict[str, Any]
+) -> Notes | Denied:
+    """A named WorkloadPriorityClass must exist; none named: the queue's default."""
+    name = workload.labels.get(labels.PRIORITY_CLASS)
+    if name is not None:
+        if policy.priority_class(name) is not None:
+            return ()
+        return Denied(
+            FORBIDDEN,
+            "priority",
+            f"WorkloadPriorityClass {name!r} (label {labels.PRIORITY_CLASS}) does not exist; "
+            f"use one of: {_names(policy.priority_class_names)}, or remove the label to get "
+            f"the default of {queue}",
+            queue=queue.local.name,
+        )
+    default = queue.local.settings.default_priority_class
+    if default is None:
+        return ()
+    if policy.priority_class(default) is None:
+        return (
+            f"the default priority class {default} of queue {queue.local.name} does not "
+            "exist; the job has no priority class (tell your cluster admin)",
+        )
+    _node(out, ("metadata", "labels"))[labels.PRIORITY_CLASS] = default
+    return (f"priority class set to {default}, the default of queue {queue.local.name}",)
+
+
+# ---------------------------------------------------------------- rule 4: flavors
+
+
+def product_matches(accepted: str, product: str) -> bool:
+    """``H100`` matches ``NVIDIA-H100-80GB-HBM3``: consecutive ``-`` parts, any case."""
+    want = accepted.strip().lower().split("-")
+    have = product.strip().lower().split("-")
+    return any(have[i : i + len(want)] == want for i in range(len(have) - len(want) + 1))
+
+
+def _gpu_resources(workload: Workload) -> tuple[str, ...]:
+    """The GPU resources the workload asks for: whole GPUs, shares, or both."""
+    whole = any(t.demand.gpus for t in workload.templates)
+    share = any(t.demand.is_share for t in workload.templates)
+    return ((labels.GPU_RESOURCE,) if whole else ()) + (
+        (labels.GPU_MILLI_RESOURCE,) if share else ()
+    )
+
+
+def _describe(flavors: Iterable[Flavor]) -> str:
+    return _names(f"{f.name} ({f.product or 'no GPU product label'})" for f in flavors)
+
+
+def rule_flavors(
+    workload: Workload, queue: QueueChoice, policy: Policy, out: dict[str, Any]
+) -> FlavorChoice | Denied:
+    """Keep the queue's GPU flavors that the job accepts; steer its GPU pods onto them."""
+    resources = _gpu_resources(workload)
+    cluster = queue.cluster.name
+    # A flavor the queue could never get any of a demanded resource from is no option:
+    # Kueue would never admit the job there, so the pods must not be steered there.
+    names = [
+        name
+        for name in queue.cluster.gpu_flavors
+        if all(policy.limit(cluster, name, r).total > 0 for r in resources)
+    ]
+    offered = tuple(f for f in (policy.flavor(n) for n in names) if f is not None)
+    if not offered:
+        return Denied(
+            FORBIDDEN,
+            "flavor",
+            f"{queue} has no flavor with quota for {' and '.join(resources)}; "
+            "use a queue that offers these GPUs",
+            queue=queue.local.name,
+        )
+    allowed = offered
+    raw = workload.annotations.get(labels.GPU_PRODUCT)
+    if raw is not None:
+        accepted = [p.strip() for p in raw.split("|") if p.strip()]
+        if not accepted:
+            return Denied(
+                INVALID,
+                "flavor",
+                f"annotation {labels.GPU_PRODUCT} is empty; name the GPU products the job "
+                "accepts (e.g. H100|A100) or remove it",
+                queue=queue.local.name,
+            )
+        allowed = tuple(
+            f for f in offered if f.product and any(product_matches(a, f.product) for a in accepted)
+        )
+        if not allowed:
+            return Denied(
+                FORBIDDEN,
+                "flavor",
+                f"{workload.kind_word} {workload.display_name} accepts GPU products "
+                f"{' or '.join(accepted)} (annotation {labels.GPU_PRODUCT}), but {queue} "
+                f"offers {_describe(offered)}; change the annotation or use a queue that "
+                "offers those GPUs",
+                queue=queue.local.name,
+            )
+    notes: list[str] = []
+    terms = _flavor_terms(allowed)
+    for template in workload.templates:
+        if not template.uses_gpu:
+            continue  # a CPU-only member (a JobSet driver) gets CPU flavors from Kueue
+        spec = _node(out, template.spec_path)
+        if terms is not None:
+            merge_required_affinity(spec, terms)
+        added = add_tolerations(spec, allowed)
+        if added:
+            notes.append(
+                f"tolerations added for the taints of flavors {_names(added)}: "
+                "pods may run on those nodes"
+            )
+    return FlavorChoice(flavors=allowed, warnings=tuple(dict.fromkeys(notes)))
+
+
+def _flavor_terms(flavors: Sequence[Flavor]) -> list[dict[str, Any]] | None:
+    """One node-selector term per distinct flavor; ``None`` if a flavor fits any node."""
+    terms: list[dict[str, Any]] = []
+    for flavor in flavors:
+        if not flavor.node_labels:
+            return None
+        term = {
+            "matchExpressions": [
+                {"key": key, "operator": "In", "values": [value]}
+                for key, value in sorted(flavor.node_labels.items())
+            ]
+        }
+        if term not in terms:
+            terms.append(term)
+    return terms
+
+
+def _implies(term: Mapping[str, Any], flavor_term: Mapping[str, Any]) -> bool:
+    have = term.get("matchExpressions") or []
+    return all(expr in have for expr in flavor_term["matchExpressions"])
+
+
+def merge_required_affinity(
+    spec: dict[str, Any], flavor_terms: Sequence[Mapping[str, Any]]
+) -> None:
+    """AND the flavor terms (ORed among themselves) into the spec's required node affinity."""
+    required = _node(
+        spec, ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+    )
+    existing = required.get("nodeSelectorTerms") or []
+    if not existing:
+        required["nodeSelectorTerms"] = clone(list(flavor_terms))
+        return
+    merged: list[Any] = []
+    for term in existing:
+        empty = (
+            isinstance(term, Mapping)
+            and not term.get("matchExpressions")
+            and not term.get("matchFields")
+        )
+        if not isinstance(term, Mapping) or empty or any(_implies(term, f) for f in flavor_terms):
+            merged.append(term)
+            continue
+        own = list(term.get("matchExpressions") or [])
+        for flavor_term in flavor_terms:
+            extra = [e for e in flavor_term["matchExpressions"] if e not in own]
+            merged.append({**term, "matchExpressions": [*own, *clone(extra)]})
+    required["nodeSelectorTerms"] = merged
+
+
+def add_tolerations(spec: dict[str, Any], flavors: Iterable[Flavor]) -> list[str]:
+    """Tolerate the flavors' node taints; returns the flavors that needed a new one."""
+    existing = []
+    for raw in spec.get("tolerations") or []:
+        try:
+            existing.append(parse_toleration(raw))
+        except ValueError:
+            continue  # kube-apiserver validates tolerations; an odd one tolerates nothing
+    added: list[str] = []
+    new: list[dict[str, Any]] = []
+    for flavor in flavors:
+        for taint in flavor.node_taints:
+            if any(t.tolerates(taint) for t in existing):
+                continue
+            toleration = toleration_for(taint)
+            existing.append(toleration)
+            new.append(toleration.to_json())
+            if flavor.name not in added:
+                added.append(flavor.name)
+    if new:
+        spec["tolerations"] = [*(spec.get("tolerations") or []), *new]
+    return added
+
+
+def tolerates_all(tolerations: Iterable[Mapping[str, Any]], taints: Iterable[Taint]) -> bool:
+    """Whether the JSON ``tolerations`` tolerate every taint (for tests and callers)."""
+    parsed = [parse_toleration(t) for t in tolerations]
+    return all(any(t.tolerates(taint) for t in parsed) for taint in taints)
+
+
+# ---------------------------------------------------------------- rule 5: quota
+
+
+@dataclass(frozen=True, slots=True)
+class GpuAsk:
+    """What a workload asks of one GPU resource, in that resource's own units."""
+
+    resource: str
+    total: int
+    parts: tuple[tuple[str, int, int], ...]
+    """(template name, pods, per pod) of each template asking for this resource."""
+
+
+def gpu_asks(templates: Iterable[PodTemplate]) -> tuple[GpuAsk, ...]:
+    """Whole GPUs (``nvidia.com/gpu``) and shares (``tessera.dev/gpu-milli``) asked for."""
+    whole: list[tuple[str, int, int]] = []
+    share: list[tuple[str, int, int]] = []
+    for t in templates:
+        if t.count and t.demand.gpus:
+            whole.append((t.name, t.count, t.demand.gpus))
+        elif t.count and t.demand.gpu_milli:
+            share.append((t.name, t.count, t.demand.gpu_milli))
+    asks = []
+    for resource, parts in ((labels.GPU_RESOURCE, whole), (labels.GPU_MILLI_RESOURCE, share)):
+        if parts:
+            asks.append(GpuAsk(resource, sum(c * n for _, c, n in parts), tuple(parts)))
+    return tuple(asks)
+
+
+def _amount(resource: str, units: int) -> str:
+    if resource == labels.GPU_RESOURCE:
+        return _plural(units, "GPU")
+    return f"{units} milli-GPUs"
+
+
+def _breakdown(ask: GpuAsk) -> str:
+    return " + ".join(
+        f"{name + ': ' if name else ''}{_plural(count, 'pod')} × {each}"  # noqa: RUF001
+        for name, count, each in ask.parts
+    )
+
+
+def _why_borrowable(limit: Limit, cluster: ClusterQueue) -> str:
+    if cluster.cohort is None:
+        return f"ClusterQueue {cluster.name} is in no cohort"
+    if limit.borrowing_limit is not None and limit.borrowing_limit <= limit.cohort_lendable:
+        return "its borrowingLimit"
+    return f"what the rest of cohort {cluster.cohort} can lend"
+
+
+def _fits(asks: Sequence[GpuAsk], queue: QueueChoice, flavor: Flavor, policy: Policy) -> bool:
+    return all(
+        ask.total * 1000 <= policy.limit(queue.cluster.name, flavor.name, ask.resource).total
+        for ask in asks
+    )
+
+
+def _over_quota(
+    asks: Sequence[GpuAsk], queue: QueueChoice, flavors: Sequence[Flavor], policy: Policy
+) -> tuple[GpuAsk, Flavor, Limit] | None:
+    """``None`` when one flavor holds every ask; else the ask and the flavor closest to it."""
+    if not asks or any(_fits(asks, queue, f, policy) for f in flavors):
+        return None
+    for ask in asks:
+        best = max(
+            flavors, key=lambda f: policy.limit(queue.cluster.name, f.name, ask.resource).total
+        )
+        limit = policy.limit(queue.cluster.name, best.name, ask.resource)
+        if ask.total * 1000 > limit.total:
+            return ask, best, limit
+    # Each ask fits some flavor, but no flavor holds them all: name the first ask.
+    ask = asks[0]
+    best = flavors[0]
+    return ask, best, policy.limit(queue.cluster.name, best.name, ask.resource)
+
+
+def _can_get(queue: QueueChoice, ask: GpuAsk, flavor: Flavor, limit: Limit) -> str:
+    units = 1000
+    return (
+        f"{queue} can get at most {_amount(ask.resource, limit.total // units)} in flavor "
+        f"{flavor.name}{f' ({flavor.product})' if flavor.product else ''}: nominal "
+        f"{limit.nominal // units} + borrowable {limit.borrowable // units} "
+        f"({_why_borrowable(limit, queue.cluster)})"
+    )
+
+
+def rule_quota(
+    workload: Workload, queue: QueueChoice, flavors: Sequence[Flavor], policy: Policy
+) -> Notes | Denied:
+    """Deny what the queue could never admit: over its best flavor, or over max-gpus-per-job."""
+    asks = gpu_asks(workload.templates)
+    over = _over_quota(asks, queue, flavors, policy)
+    if over is not None:
+        ask, flavor, limit = over
+        return Denied(
+            FORBIDDEN,
+            "quota",
+            f"{workload.kind_word} {workload.display_name} asks for "
+            f"{_amount(ask.resource, ask.total)} ({_breakdown(ask)}); "
+            f"{_can_get(queue, ask, flavor, limit)}; ask for fewer GPUs or use a queue with "
+            "more quota",
+            queue=queue.local.name,
+        )
+    limit_gpus = queue.local.settings.max_gpus_per_job
+    if limit_gpus is not None:
+        milli = sum(
+            a.total * (MILLI_PER_GPU if a.resource == labels.GPU_RESOURCE else 1) for a in asks
+        )
+        if milli > limit_gpus * MILLI_PER_GPU:
+            asked = "; ".join(f"{_amount(a.resource, a.total)} ({_breakdown(a)})" for a in asks)
+            return Denied(
+                FORBIDDEN,
+                "quota",
+                f"{workload.kind_word} {workload.display_name} asks for {asked}; {queue} "
+                f"allows at most {_plural(limit_gpus, 'GPU')} per job "
+                f"({labels.MAX_GPUS_PER_JOB}); ask for fewer GPUs or use another queue",
+                queue=queue.local.name,
+            )
+    return ()
+
+
+# ---------------------------------------------------------------- rule 6: gang
+
+
+def _suffix(text: str, length: int = 5) -> str:
+    number = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+    chars = []
+    for _ in range(length):
+        number, digit = divmod(number, len(_NAME_ALPHABET))
+        chars.append(_NAME_ALPHABET[digit])
+    return "".join(chars)
+
+
+def gang_id(namespace: str, name: str, generate_name: str, request_uid: str) -> GangId:
+    """``<namespace>.<name>``; for a ``generateName`` object, a suffix from the request uid."""
+    base = name or f"{generate_name}{_suffix(request_uid)}"
+    value = f"{namespace}.{base}"
+    if len(value) > GANG_ID_MAX:
+        value = f"{value[: GANG_ID_MAX - 6].rstrip('-._')}-{_suffix(value)}"
+    return GangId(value)
+
+
+def _positive_count(value: str) -> int | None:
+    text = value.strip()
+    return int(text) if text.isdigit() and int(text) >= 1 else None
+
+
+def _user_gang_min(workload: Workload) -> str | None:
+    if labels.GANG_MIN in workload.annotations:
+        return workload.annotations[labels.GANG_MIN]
+    for template in workload.templates:
+        if labels.GANG_MIN in template.annotations:
+            return template.annotations[labels.GANG_MIN]
+    return None
+
+
+def _cheapest(templates: Sequence[PodTemplate], members: int) -> list[PodTemplate]:
+    """Templates, with counts cut, of the ``members`` pods asking for the fewest GPUs."""
+    picked = []
+    for template in sorted(templates, key=lambda t: t.demand.total_milli):
+        if members <= 0:
+            break
+        take = min(members, template.count)
+        picked.append(
+            PodTemplate(
+                name=template.name,
+                metadata_path=template.metadata_path,
+                spec_path=template.spec_path,
+                count=take,
+                demand=template.demand,
+            )
+        )
+        members -= take
+    return picked
+
+
+def rule_gang(
+    workload: Workload,
+    queue: QueueChoice,
+    flavors: Sequence[Flavor],
+    policy: Policy,
+    out: dict[str, Any],
+    *,
+    request_uid: str,
+) -> Notes | Denied:
+    """Gang metadata on every template of a multi-pod workload; gang-min must be possible."""
+    size = workload.pod_count
+    raw_min = _user_gang_min(workload)
+    min_count = size
+    if raw_min is not None:
+        parsed = _positive_count(raw_min)
+        if parsed is None or parsed > size:
+            return Denied(
+                INVALID,
+                "gang",
+                f"annotation {labels.GANG_MIN}={raw_min!r} must be a whole number from 1 to "
+                f"the {_plural(size, 'pod')} of {workload.kind_word} "
+                f"{workload.display_name}; fix it or remove it (default: all pods)",
+                queue=queue.local.name,
+            )
+        min_count = parsed
+    cheapest = gpu_asks(_cheapest(workload.templates, min_count))
+    over = _over_quota(cheapest, queue, flavors, policy)
+    if over is not None:
+        ask, flavor, limit = over
+        return Denied(
+            FORBIDDEN,
+            "gang",
+            f"{labels.GANG_MIN}={min_count}: the {_plural(min_count, 'pod')} that must run "
+            f"together need at least {_amount(ask.resource, ask.total)}; "
+            f"{_can_get(queue, ask, flavor, limit)}; lower {labels.GANG_MIN} or ask for "
+            "fewer GPUs per pod",
+            queue=queue.local.name,
+        )
+    if size <= 1:
+        return ()
+
+    gid = workload.labels.get(labels.GANG) or next(
+        (t.labels[labels.GANG] for t in workload.templates if labels.GANG in t.labels), None
+    )
+    if gid is None:
+        gid = gang_id(workload.namespace, workload.name, workload.generate_name, request_uid)
+    for template in workload.templates:
+        given = template.annotations.get(labels.GANG_SIZE)
+        if given is not None and given.strip() != str(size):
+            return Denied(
+                INVALID,
+                "gang",
+                f"pod template {template.pointer} has annotation {labels.GANG_SIZE}={given!r}, "
+                f"but {workload.kind_word} {workload.display_name} makes "
+                f"{_plural(size, 'pod')}; remove the annotation (the webhook sets it)",
+                queue=queue.local.name,
+            )
+        given_min = template.annotations.get(labels.GANG_MIN)
+        if given_min is not None and given_min.strip() != str(min_count):
+            return Denied(
+                INVALID,
+                "gang",
+                f"pod template {template.pointer} has annotation {labels.GANG_MIN}="
+                f"{given_min!r}, but the {workload.kind_word} asks for {min_count}; set "
+                f"{labels.GANG_MIN} once, on the {workload.kind_word}",
+                queue=queue.local.name,
+            )
+        metadata = _node(out, template.metadata_path)
+        _set_default(metadata, (), "labels", {})
+        _set_default(metadata, ("labels",), labels.GANG, gid)
+        _set_default(metadata, (), "annotations", {})
+        _set_default(metadata, ("annotations",), labels.GANG_SIZE, str(size))
+        _set_default(metadata, ("annotations",), labels.GANG_MIN, str(min_count))
+    return ()
+
+
+# ---------------------------------------------------------------- rule 7: topology
+
+
+def _check_level(
+    value: str, where: str, flavors: Sequence[Flavor], policy: Policy, queue: QueueChoice
+) -> Notes | Denied:
+    try:
+        constraint = parse_topology(value)
+    except AnnotationError as exc:
+        return Denied(
+            INVALID,
+            "topology",
+            f"annotation {labels.TOPOLOGY} on {where}: {exc}",
+            queue=queue.local.name,
+        )
+    topologies = {
+        f.topology_name: policy.topology(f.topology_name)
+        for f in flavors
+        if f.topology_name is not None
+    }
+    known = {name: t for name, t in topologies.items() if t is not None}
+    if not known:
+        return Denied(
+            FORBIDDEN,
+            "topology",
+            f"annotation {labels.TOPOLOGY}={value!r} on {where}: the flavors {queue} allows "
+            f"({_names(f.name for f in flavors)}) have no Topology; remove the annotation or "
+            "use a queue with topology-aware flavors",
+            queue=queue.local.name,
+        )
+    having = [f for f in flavors if f.topology_name in known
+              and known[f.topology_name].node_label(constraint.level) is not None]  # fmt: skip
+    if not having:
+        levels = "; ".join(
+            f"Topology {name}: {', '.join(t.level_names)}" for name, t in sorted(known.items())
+        )
+        return Denied(
+            FORBIDDEN,
+            "topology",
+            f"annotation {labels.TOPOLOGY}={value!r} on {where}: {constraint.level!r} is not a "
+            f"level of the allowed flavors' topology ({levels}); use one of those levels",
+            queue=queue.local.name,
+        )
+    if constraint.mode is TopologyMode.REQUIRED and len(having) < len(flavors):
+        lacking = [f.name for f in flavors if f not in having]
+        return (
+            f"flavors {_names(lacking)} have no topology level {constraint.level!r}; "
+            "Kueue may still place the job there",
+        )
+    return ()
+
+
+def rule_topology(
+    workload: Workload,
+    queue: QueueChoice,
+    flavors: Sequence[Flavor],
+    policy: Policy,
+    out: dict[str, Any],
+) -> Notes | Denied:
+    """The topology annotation must name a level of the flavors' Topology; copied down."""
+    value = workload.annotations.get(labels.TOPOLOGY)
+    notes: list[str] = []
+    if value is not None:
+        checked = _check_level(
+            value, f"{workload.kind_word} {workload.display_name}", flavors, policy, queue
+        )
+        if isinstance(checked, Denied):
+            return checked
+        notes.extend(checked)
+    for template in workload.templates:
+        own = template.annotations.get(labels.TOPOLOGY)
+        if own is not None:
+            if own != value:
+                checked = _check_level(
+                    own, f"pod template {template.pointer}", flavors, policy, queue
+                )
+                if isinstance(checked, Denied):
+                    return checked
+                notes.extend(checked)
+            continue
+        if value is not None:
+            metadata = _node(out, template.metadata_path)
+            _set_default(metadata, (), "annotations", {})
+            _set_default(metadata, ("annotations",), labels.TOPOLOGY, value)
+    return tuple(dict.fromkeys(notes))
+
+
+# ---------------------------------------------------------------- rule 8: time limit
+
+
+def rule_time_limit(workload: Workload, queue: QueueChoice, out: dict[str, Any]) -> Notes | Denied:
+    """``activeDeadlineSeconds`` defaulted from the queue and never above its maximum."""
+    settings = queue.local.settings
+    maximum = settings.max_time_limit_s
+    default = settings.default_time_limit_s or maximum
+    holders = list(workload.deadlines)
+    if workload.kind is not WorkloadKind.POD:
+        # a pod template's own limit must respect the maximum too
+        holders += [_template_deadline(t) for t in workload.templates]
+    for holder in holders:
+        seconds, what = holder.seconds, holder.what
+        if maximum is not None and seconds is not None and seconds > maximum:
+            return Denied(
+                FORBIDDEN,
+                "time-limit",
+                f"{what} asks for activeDeadlineSeconds {seconds} "
+                f"({format_seconds(seconds)}); {queue} allows at most {maximum} "
+                f"({format_seconds(maximum)}, {labels.MAX_TIME_LIMIT}); set a shorter "
+                "activeDeadlineSeconds or use another queue",
+                queue=queue.local.name,
+            )
+    notes: list[str] = []
+    for index, deadline in enumerate(workload.deadlines):
+        limit = deadline.seconds
+        if limit is None and default is not None:
+            limit = default
+            _node(out, deadline.spec_path)["activeDeadlineSeconds"] = default
+            notes.append(
+                f"activeDeadlineSeconds set to {default} ({format_seconds(default)}), the "
+                f"default time limit of queue {queue.local.name}"
+            )
+        if limit is not None and workload.kind is not WorkloadKind.POD:
+            template = workload.templates[index]
+            _set_default(out, template.spec_path, "activeDeadlineSeconds", limit)
+    return tuple(dict.fromkeys(notes))
+
+
+def _template_deadline(template: PodTemplate) -> Deadline:
+    value = template.spec.get("activeDeadlineSeconds")
+    seconds = value if isinstance(value, int) and not isinstance(value, bool) else None
+    return Deadline(template.spec_path, seconds, f"pod template {template.pointer}")
+
+
+# ---------------------------------------------------------------- rule 9: scheduler
+
+
+def rule_scheduler(workload: Workload, config: AdmitConfig, out: dict[str, Any]) -> Notes:
+    """Pod templates go to the extender's scheduler profile unless the user chose one."""
+    for template in workload.templates:
+        chosen = template.spec.get("schedulerName")
+        if not chosen or chosen == DEFAULT_SCHEDULER:
+            _node(out, template.spec_path)["schedulerName"] = config.scheduler_name
+    return ()
+
+
+# ---------------------------------------------------------------- UPDATE
+
+
+def check_update(new: Workload, old: Workload) -> Denied | None:
+    """UPDATE: the queue label is fixed once running, the gang metadata for good."""
+    queue = new.queue_name or ""
+    if new.queue_name != old.queue_name and not (old.suspended and new.suspended):
+        return Denied(
+            INVALID,
+            "update",
+            f"label {labels.QUEUE_NAME} cannot change from {old.queue_name!r} to "
+            f"{new.queue_name!r} while {new.kind_word} {new.display_name} is admitted or "
+            "running; suspend it first, or create a new one in the other queue",
+            queue=queue,
+        )
+    checks = [
+        (new.annotations.get(labels.GANG_MIN), old.annotations.get(labels.GANG_MIN),
+         f"annotation {labels.GANG_MIN}", "")
+    ]  # fmt: skip
+    if len(new.templates) == len(old.templates):
+        for n, o in zip(new.templates, old.templates, strict=True):
+            at = f" of pod template {n.pointer}"
+            checks += [
+                (n.labels.get(labels.GANG), o.labels.get(labels.GANG),
+                 f"label {labels.GANG}", at),
+                (n.annotations.get(labels.GANG_SIZE), o.annotations.get(labels.GANG_SIZE),
+                 f"annotation {labels.GANG_SIZE}", at),
+                (n.annotations.get(labels.GANG_MIN), o.annotations.get(labels.GANG_MIN),
+                 f"annotation {labels.GANG_MIN}", at),
+            ]  # fmt: skip
+    for now, before, what, at in checks:
+        if now != before:
+            return Denied(
+                INVALID,
+                "update",
+                f"{what}{at} cannot change after creation (was {before!r}, now {now!r}); "
+                f"delete and re-create {new.kind_word} {new.display_name} to change its gang",
+                queue=queue,
+            )
+    return None
+
+
+# ---------------------------------------------------------------- admit
+
+
+def admit(request: ReviewRequest, policy: Policy, config: AdmitConfig) -> Decision:
+    """The webhook's whole decision for one AdmissionReview request."""
+    obj = request.object
+    kind = request.workload_kind
+    if kind is None or obj is None:
+        return Allowed(obj or {}, reason="not-a-workload")
+    if request.operation not in ("CREATE", "UPDATE") or request.sub_resource:
+        return Allowed(obj, reason="not-mutated")
+    try:
+        workload = workload_from_object(obj, kind, request.namespace)
+    except WorkloadError as exc:
+        return Denied(INVALID, "invalid", f"{kind.value} is not valid: {exc}")
+    if workload.owned_by_workload:
+        return Allowed(obj, reason="owned")
+    if not workload.uses_gpu:
+        return Allowed(obj, reason="no-gpu")
+    if request.operation == "UPDATE":
+        return _validate_update(request, workload, kind)
+    return _mutate(workload, request.uid, policy, config)
+
+
+def _validate_update(request: ReviewRequest, workload: Workload, kind: WorkloadKind) -> Decision:
+    queue = workload.queue_name or ""
+    if request.old_object is None:
+        return Allowed(workload.obj, reason="validated", queue=queue)
+    try:
+        old = workload_from_object(request.old_object, kind, request.namespace)
+    except WorkloadError:
+        # The stored object is what it is; only the new one is ours to judge.
+        return Allowed(workload.obj, reason="validated", queue=queue)
+    denied = check_update(workload, old)
+    return denied or Allowed(workload.obj, reason="validated", queue=queue)
+
+
+def _mutate(workload: Workload, uid: str, policy: Policy, config: AdmitConfig) -> Decision:
+    out: dict[str, Any] = clone(workload.obj)
+    try:
+        queue = rule_queue(workload, policy, config, out)
+        if queue is None:
+            return Allowed(workload.obj, reason="no-queue")
+        if isinstance(queue, Denied):
+            return queue
+        notes: list[str] = []
+        if queue.defaulted:
+            notes.append(
+                f"no {labels.QUEUE_NAME} label: sent to {queue.local.name}, the default "
+                f"queue of namespace {workload.namespace}"
+            )
+        notes += rule_suspend(workload, out)
+        priority = rule_priority(workload, queue, policy, out)
+        if isinstance(priority, Denied):
+            return priority
+        notes += priority
+        chosen = rule_flavors(workload, queue, policy, out)
+        if isinstance(chosen, Denied):
+            return chosen
+        notes += chosen.warnings
+        flavors = chosen.flavors
+        rules: list[Callable[[], Notes | Denied]] = [
+            lambda: rule_quota(workload, queue, flavors, policy),
+            lambda: rule_gang(workload, queue, flavors, policy, out, request_uid=uid),
+            lambda: rule_topology(workload, queue, flavors, policy, out),
+            lambda: rule_time_limit(workload, queue, out),
+            lambda: rule_scheduler(workload, config, out),
+        ]
+        for rule in rules:
+            result = rule()
+            if isinstance(result, Denied):
+                return result
+            notes += result
+    except WorkloadError as exc:
+        return Denied(INVALID, "invalid", f"{workload.kind.value} is not valid: {exc}")
+    return Allowed(out, warnings=tuple(dict.fromkeys(notes)), queue=queue.local.name)
