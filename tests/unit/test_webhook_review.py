@@ -1,0 +1,163 @@
+"""The AdmissionReview wire edge: real captured requests decode, malformed bodies are
+refused with a reason, and answers have exactly the shape kube-apiserver reads."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cluster import jsonio
+from tests.unit.test_webhook_rules import CONFIG, POLICY
+from webhook.review import BadReview, decode_review, encode_response, encode_status
+from webhook.review_flow import handle_review, review
+
+CAPTURES = Path(__file__).resolve().parents[3] / "shared" / "captures"
+
+
+def captured(number: str) -> dict[str, Any]:
+    body: dict[str, Any] = jsonio.loads(
+        (CAPTURES / f"{number}-webhook-mutate-request.json").read_bytes()
+    )["body"]
+    return body
+
+
+needs_captures = pytest.mark.skipif(not CAPTURES.is_dir(), reason="captures not present")
+
+
+@needs_captures
+@pytest.mark.parametrize("number", ["000", "002", "004", "006", "020"])
+def test_every_captured_review_decodes(number: str) -> None:
+    body = captured(number)
+    request = decode_review(jsonio.dumps(body))
+    assert request.uid == body["request"]["uid"]
+    assert request.operation == body["request"]["operation"]
+    assert request.namespace == "team-nlp"
+    assert request.object == body["request"]["object"]
+    assert request.dry_run is False
+
+
+@needs_captures
+def test_a_generated_name_arrives_without_a_name() -> None:
+    request = decode_review(jsonio.dumps(captured("000")))
+    assert request.name == ""
+    assert request.kind.api_version == "batch/v1"
+    assert request.user.groups == ("system:masters", "system:authenticated")
+
+
+def _review(**request: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "uid": "u-1",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "operation": "CREATE",
+        "namespace": "team",
+        "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {}, "spec": {}},
+    }
+    base.update(request)
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": base}
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        pytest.param(b"", "not valid JSON", id="empty"),
+        pytest.param(b"{not json", "not valid JSON", id="not-json"),
+        pytest.param(b"[1, 2]", "not a JSON object", id="array"),
+        pytest.param(jsonio.dumps({**_review(), "apiVersion": "admission.k8s.io/v1beta1"}),
+                     "only admission.k8s.io/v1 is served", id="v1beta1"),
+        pytest.param(jsonio.dumps({**_review(), "kind": "Review"}), "kind is 'Review'", id="kind"),
+        pytest.param(jsonio.dumps({**_review(), "request": None}), "no request", id="no-request"),
+        pytest.param(jsonio.dumps(_review(uid="")), "request.uid is missing", id="empty-uid"),
+        pytest.param(jsonio.dumps(_review(uid=7)), "request.uid is missing", id="uid-number"),
+        pytest.param(jsonio.dumps(_review(operation="PATCH")), "request.operation", id="operation"),
+        pytest.param(jsonio.dumps(_review(kind="Pod")), "request.kind", id="kind-not-an-object"),
+        pytest.param(jsonio.dumps(_review(object=None)), "request.object is missing for CREATE",
+                     id="no-object"),
+        pytest.param(jsonio.dumps(_review(operation="UPDATE")),
+                     "request.oldObject is missing for UPDATE", id="no-old-object"),
+        pytest.param(jsonio.dumps(_review(object={"apiVersion": "batch/v1", "kind": "Job"})),
+                     "request.object is 'Job' 'batch/v1', not the Pod v1 that request.kind "
+                     "declares",
+                     id="object-of-another-kind"),
+        pytest.param(jsonio.dumps(_review(object=[])), "request.object", id="object-a-list"),
+        pytest.param(b" " * (5 * 1024 * 1024), "more than the 4194304 accepted", id="too-big"),
+    ],
+)  # fmt: skip
+def test_malformed_reviews_are_refused_with_a_reason(body: bytes, reason: str) -> None:
+    with pytest.raises(BadReview) as caught:
+        decode_review(body)
+    assert reason in str(caught.value)
+
+
+def test_unknown_fields_from_a_newer_apiserver_are_ignored() -> None:
+    body = _review(brandNewField={"x": 1})
+    body["future"] = True
+    assert decode_review(jsonio.dumps(body)).uid == "u-1"
+
+
+def test_an_allowed_answer_with_a_patch() -> None:
+    patch = [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]
+    answer = jsonio.loads(encode_response("u-1", allowed=True, patch=patch, warnings=["w"]))
+    response = answer.pop("response")
+    assert answer == {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}
+    assert jsonio.loads(base64.b64decode(response.pop("patch"))) == patch
+    assert response == {"uid": "u-1", "allowed": True, "patchType": "JSONPatch", "warnings": ["w"]}
+
+
+def test_no_patch_no_patch_type() -> None:
+    answer = jsonio.loads(encode_response("u-1", allowed=True, patch=[]))
+    assert answer["response"] == {"uid": "u-1", "allowed": True}
+
+
+def test_a_denial_carries_code_reason_and_message() -> None:
+    answer = jsonio.loads(
+        encode_response("u-1", allowed=False, code=403, message="no", reason="Forbidden")
+    )
+    assert answer["response"] == {
+        "uid": "u-1",
+        "allowed": False,
+        "status": {"status": "Failure", "message": "no", "reason": "Forbidden", "code": 403},
+    }
+
+
+def test_status_bodies_for_non_review_answers() -> None:
+    assert jsonio.loads(encode_status(400, "BadRequest", "why")) == {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": "why",
+        "reason": "BadRequest",
+        "code": 400,
+    }
+
+
+def test_handle_review_answers_400_for_garbage_and_503_without_a_policy() -> None:
+    status, body = handle_review(b"garbage", POLICY, CONFIG)
+    assert status == 400
+    assert "malformed AdmissionReview" in jsonio.loads(body)["message"]
+    status, body = handle_review(jsonio.dumps(_review()), None, CONFIG)
+    assert status == 503
+    assert jsonio.loads(body)["reason"] == "ServiceUnavailable"
+
+
+@needs_captures
+def test_dry_run_gets_the_same_answer() -> None:
+    body = captured("000")
+    wet = review(jsonio.dumps(body), POLICY, CONFIG)
+    body["request"]["dryRun"] = True
+    dry = review(jsonio.dumps(body), POLICY, CONFIG)
+    assert (dry.status, dry.body, dry.decision) == (wet.status, wet.body, wet.decision)
+
+
+@needs_captures
+def test_review_reports_what_metrics_count() -> None:
+    outcome = review(jsonio.dumps(captured("004")), POLICY, CONFIG)
+    assert (outcome.status, outcome.kind, outcome.decision, outcome.reason) == (
+        200,
+        "Pod",
+        "allowed",
+        "owned",
+    )

@@ -1,0 +1,92 @@
+"""One AdmissionReview from body bytes to answer bytes: the whole webhook minus HTTP.
+
+Layer: PURE glue. Composes the EDGE codec (``webhook.review``) with the PURE decision
+(``webhook.policy.admit``) and the patch (``webhook.patch.diff``). No async, no I/O, no
+clock, no aiohttp, no settings: the HTTP handler passes the body, the current policy
+snapshot and the ``AdmitConfig`` it built at start-up, and writes back what it gets.
+
+HTTP statuses: 200 for every review that was decided (allowed or denied: a denial is
+``allowed: false`` inside a 200); 400 for a body that is not a usable review; 503 while
+there is no policy yet (the cache has not synced), so that the webhook configuration's
+``failurePolicy`` decides. A ``dryRun`` request gets the same answer as any other: the
+webhook has no side effects to skip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from webhook.patch import JsonPatch, diff
+from webhook.policy import AdmitConfig, Allowed, admit
+from webhook.queues import Policy
+from webhook.review import BadReview, decode_review, encode_response, encode_status
+
+
+@dataclass(frozen=True, slots=True)
+class ReviewOutcome:
+    """The answer, and the labels the server's metrics count it by."""
+
+    status: int
+    body: bytes
+    kind: str = ""
+    """``Job``, ``JobSet``, ``Pod`` or whatever else was reviewed."""
+    decision: str = ""
+    """``mutated``, ``allowed``, ``denied``, ``malformed`` or ``unavailable``."""
+    reason: str = ""
+    """Why: the denying rule, ``admitted``, ``no-gpu``, ``owned``, …"""
+    queue: str = ""
+    patch: JsonPatch | None = None
+
+
+def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOutcome:
+    """Decode, decide, encode. Never raises for anything a client can send."""
+    if policy is None:
+        message = "the webhook has not loaded its queue policy yet; retry shortly"
+        return ReviewOutcome(
+            503,
+            encode_status(503, "ServiceUnavailable", message),
+            decision="unavailable",
+            reason="not-synced",
+        )
+    try:
+        request = decode_review(body)
+    except BadReview as exc:
+        return ReviewOutcome(
+            400,
+            encode_status(400, "BadRequest", f"malformed AdmissionReview: {exc}"),
+            decision="malformed",
+            reason="bad-review",
+        )
+    decision = admit(request, policy, config)
+    kind = request.kind.kind
+    if isinstance(decision, Allowed):
+        patch = diff(request.object, decision.object) if request.object is not None else []
+        return ReviewOutcome(
+            200,
+            encode_response(request.uid, allowed=True, patch=patch, warnings=decision.warnings),
+            kind=kind,
+            decision="mutated" if patch else "allowed",
+            reason=decision.reason,
+            queue=decision.queue,
+            patch=patch,
+        )
+    return ReviewOutcome(
+        200,
+        encode_response(
+            request.uid,
+            allowed=False,
+            code=decision.code,
+            message=decision.message,
+            reason=decision.status_reason,
+        ),
+        kind=kind,
+        decision="denied",
+        reason=decision.reason,
+        queue=decision.queue,
+    )
+
+
+def handle_review(body: bytes, policy: Policy | None, config: AdmitConfig) -> tuple[int, bytes]:
+    """``(http_status, body)`` for one POST /mutate; see ``review`` for the metrics view."""
+    outcome = review(body, policy, config)
+    return outcome.status, outcome.body
