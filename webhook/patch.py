@@ -10,9 +10,10 @@ How the diff is built (every choice keeps the patch valid against the original):
 * Maps are compared key by key. A key only in the original is removed, a key only in the
   mutated object is added with its whole value, so a missing parent map
   (``metadata.labels``) is created by one ``add`` that carries its children.
-* Lists are compared element by element over the common length; extra elements are
-  appended in order (``add`` at each new index) and surplus ones removed from the end
-  backwards, so every index is valid when its operation runs.
+* Lists of equal length are compared element by element. A list that only grew at its
+  end (a toleration, a scheduling gate appended) gets one ``add`` per new index, in
+  order. Any other change of length replaces the whole list: a patch that reads as what
+  the list became, rather than a puzzle of shifted elements.
 * Scalars are compared with their JSON type: ``1``, ``1.0`` and ``true`` differ, as they
   do on the wire (Python's ``==`` says they are equal).
 * Pointer tokens escape ``~`` as ``~0`` and ``/`` as ``~1`` (RFC 6901), e.g. the label
@@ -97,14 +98,14 @@ def _diff(a: Any, b: Any, path: str, ops: JsonPatch) -> None:
                 ops.append({"op": "add", "path": child, "value": clone(value)})
         return
     if isinstance(a, list) and isinstance(b, list):
-        common = min(len(a), len(b))
-        for index in range(common):
-            _diff(a[index], b[index], f"{path}/{index}", ops)
-        for index in range(common, len(b)):
-            ops.append({"op": "add", "path": f"{path}/{index}", "value": clone(b[index])})
-        for index in range(len(a) - 1, common - 1, -1):
-            ops.append({"op": "remove", "path": f"{path}/{index}"})
-        return
+        if len(a) == len(b):
+            for index, (old, new) in enumerate(zip(a, b, strict=True)):
+                _diff(old, new, f"{path}/{index}", ops)
+            return
+        if len(b) > len(a) and all(_same(old, new) for old, new in zip(a, b, strict=False)):
+            for index in range(len(a), len(b)):
+                ops.append({"op": "add", "path": f"{path}/{index}", "value": clone(b[index])})
+            return
     ops.append({"op": "replace", "path": path, "value": clone(b)})
 
 

@@ -78,8 +78,14 @@ def test_a_pointer_joins_escaped_tokens() -> None:
         pytest.param(
             {"a": [1, 2, 3]},
             {"a": [1]},
-            [{"op": "remove", "path": "/a/2"}, {"op": "remove", "path": "/a/1"}],
-            id="list-shrinks-from-the-end",
+            [{"op": "replace", "path": "/a", "value": [1]}],
+            id="list-shrinks-replaced-whole",
+        ),
+        pytest.param(
+            {"a": [1, 2]},
+            {"a": [0, 1, 2]},
+            [{"op": "replace", "path": "/a", "value": [0, 1, 2]}],
+            id="list-grows-in-front-replaced-whole",
         ),
         pytest.param(
             {"a": [{"x": 1}]},
