@@ -1,0 +1,128 @@
+"""``python -m webhook``: serve the admission webhook over TLS.
+
+Layer: ROOT. The only module that reads the environment: every flag has a
+``TESSERA_WEBHOOK_<FLAG>`` variable. Exits with one line (no traceback) when the
+settings or the certificate files are wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from aiohttp import web
+from pydantic import ValidationError
+
+from cluster import logs
+from cluster.files import ObjectFileError
+from cluster.tls import CertReloader, TLSConfigError
+from webhook.app import create_app
+from webhook.settings import WebhookSettings
+
+log = logging.getLogger("webhook")
+
+EXAMPLES = """\
+examples:
+  python -m webhook --tls-cert certs-out/webhook.crt --tls-key certs-out/webhook.key \\
+      --policy-file manifests/examples/queues.yaml
+  python -m webhook --tls-cert /tls/tls.crt --tls-key /tls/tls.key          # in-cluster
+"""
+
+
+def _env(environ: Mapping[str, str], flag: str) -> str | None:
+    return environ.get("TESSERA_WEBHOOK_" + flag.upper().replace("-", "_"))
+
+
+def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> WebhookSettings:
+    parser = argparse.ArgumentParser(
+        prog="python -m webhook",
+        description="Tessera's mutating admission webhook (HTTPS only).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+    def flag(name: str, **kwargs: Any) -> None:
+        parser.add_argument(f"--{name}", default=_env(environ, name), **kwargs)
+
+    flag("host", help="address to listen on (default 0.0.0.0)")
+    flag("port", type=int, help="port to listen on (default 8443)")
+    flag("tls-cert", required=_env(environ, "tls-cert") is None, help="serving certificate")
+    flag("tls-key", required=_env(environ, "tls-key") is None, help="its private key")
+    flag("policy-file", help="Kueue objects from this YAML/JSON file instead of a watch")
+    flag("kubeconfig", help="watch Kueue objects through this kubeconfig (else in-cluster)")
+    flag("scheduler-name", help="scheduler profile written into pod templates")
+    flag(
+        "managed-namespaces",
+        help="comma-separated namespaces where GPU work without a queue is denied (* = all)",
+    )
+    flag("log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    parser.add_argument("--log-json", action="store_true", default=bool(_env(environ, "log-json")))
+    args = parser.parse_args(argv)
+    values = {k: v for k, v in vars(args).items() if v is not None}
+    if "managed_namespaces" in values:
+        values["managed_namespaces"] = frozenset(
+            n.strip() for n in values["managed_namespaces"].split(",") if n.strip()
+        )
+    try:
+        return WebhookSettings(**values)
+    except ValidationError as exc:
+        parser.exit(2, f"python -m webhook: error: {_one_line(exc)}\n")
+
+
+def _one_line(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+async def serve(
+    settings: WebhookSettings, reloader: CertReloader, environ: Mapping[str, str]
+) -> None:
+    app = create_app(settings, environ=environ)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=reloader.context)
+    await site.start()
+    log.info("serving", extra=logs.fields(host=settings.host, port=settings.port))
+    reload_task = asyncio.create_task(reloader.run())
+    try:
+        await asyncio.Event().wait()
+    finally:
+        reload_task.cancel()
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    environ = dict(os.environ)
+    settings = parse_settings(sys.argv[1:] if argv is None else argv, environ)
+    logs.configure(json=settings.log_json, level=settings.log_level)
+    assert settings.tls_cert is not None
+    assert settings.tls_key is not None
+    try:
+        reloader = CertReloader(
+            Path(settings.tls_cert),
+            Path(settings.tls_key),
+            interval=settings.cert_reload_interval_s,
+        )
+    except TLSConfigError as exc:
+        print(f"python -m webhook: cannot serve TLS: {exc}", file=sys.stderr)
+        return 1
+    try:
+        uvloop.run(serve(settings, reloader, environ))
+    except (ObjectFileError, OSError) as exc:
+        print(f"python -m webhook: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

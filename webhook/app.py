@@ -1,0 +1,124 @@
+"""The webhook's aiohttp application: routes, wiring, lifecycle.
+
+Layer: ROOT. ``create_app(settings, ...)`` builds everything into typed app keys; the
+handlers only read the body, call the pure ``review_flow`` and write its answer. Must not
+read the environment (``__main__`` does) or hold module-level state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from cluster import jsonio
+from cluster.clock import Clock, SystemClock
+from cluster.kube import KubeClient, KubeConfig
+from webhook.metrics import WebhookMetrics
+from webhook.policy import AdmitConfig
+from webhook.review_flow import review
+from webhook.settings import WebhookSettings
+from webhook.source import PolicyStore, watch_policy
+
+SETTINGS = web.AppKey("settings", WebhookSettings)
+STORE = web.AppKey("store", PolicyStore)
+CONFIG = web.AppKey("config", AdmitConfig)
+CLOCK = web.AppKey("clock", Clock)
+METRICS = web.AppKey("metrics", WebhookMetrics)
+ENVIRON = web.AppKey("environ", Mapping[str, str])
+
+JSON = "application/json"
+
+
+def _bad_request(reason: str) -> web.Response:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": 400,
+        "reason": "BadRequest",
+        "message": reason,
+    }
+    return web.Response(status=400, body=jsonio.dumps(body), content_type=JSON)
+
+
+async def mutate(request: web.Request) -> web.Response:
+    app = request.app
+    limit = app[SETTINGS].max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        return _bad_request(f"request body of {request.content_length} bytes exceeds {limit}")
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _bad_request(f"request body exceeds {limit} bytes")
+    clock = app[CLOCK]
+    start = clock.monotonic()
+    outcome = review(body, app[STORE].current(), app[CONFIG])
+    app[METRICS].observe(outcome, clock.monotonic() - start)
+    return web.Response(status=outcome.status, body=outcome.body, content_type=JSON)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[STORE].synced:
+        return web.Response(text="ok")
+    return web.Response(status=503, text="queue policy not synced yet")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _watch_kueue(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    if settings.kubeconfig is not None:
+        config = await KubeConfig.from_kubeconfig(str(settings.kubeconfig))
+    else:
+        config = KubeConfig.in_cluster(app[ENVIRON])
+    async with KubeClient(config, user_agent="tessera-webhook") as client:
+        task = asyncio.create_task(watch_policy(app[STORE], client, settings.kueue_version))
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def create_app(
+    settings: WebhookSettings,
+    *,
+    store: PolicyStore | None = None,
+    clock: Clock | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> web.Application:
+    """The webhook app. With no ``store``, the policy comes from ``settings``: a file now,
+    or Kueue watches started with the app (in-cluster discovery reads ``environ``, which
+    only ``__main__`` takes from the process)."""
+    clock = clock or SystemClock()
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[CLOCK] = clock
+    app[ENVIRON] = dict(environ or {})
+    app[CONFIG] = AdmitConfig(
+        scheduler_name=settings.scheduler_name,
+        managed_namespaces=settings.managed_namespaces,
+    )
+    if store is None:
+        store = PolicyStore(clock)
+        if settings.policy_file is not None:
+            store.load_file(str(settings.policy_file))
+        else:
+            app.cleanup_ctx.append(_watch_kueue)
+    app[STORE] = store
+    app[METRICS] = WebhookMetrics(store.age_s)
+    app.router.add_post("/mutate", mutate)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,45 @@
+"""The webhook's Prometheus metrics, one registry per app (no process-global state).
+
+Layer: I/O (exposition). Counts what ``review_flow`` reports; must not decide anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from webhook.review_flow import ReviewOutcome
+
+# Admission is on every create's critical path: resolve well below a millisecond.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+
+
+class WebhookMetrics:
+    def __init__(self, policy_age_s: Callable[[], float]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.reviews = Counter(
+            "tessera_webhook_reviews",
+            "AdmissionReviews answered, by object kind, decision, reason and queue.",
+            ("kind", "decision", "reason", "queue"),
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "tessera_webhook_review_seconds",
+            "Time from body read to answer, decode and decision included.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.policy_age = Gauge(
+            "tessera_webhook_policy_age_seconds",
+            "Seconds since the queue policy last changed.",
+            registry=self.registry,
+        )
+        self.policy_age.set_function(policy_age_s)
+
+    def observe(self, outcome: ReviewOutcome, seconds: float) -> None:
+        self.reviews.labels(outcome.kind, outcome.decision, outcome.reason, outcome.queue).inc()
+        self.latency.observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
