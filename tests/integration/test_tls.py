@@ -22,38 +22,18 @@ import pytest
 from aiohttp import web
 from cryptography import x509
 
-from certs.issue import Pair, cert_pem, generate_key, issue_leaf, key_pem, load_pair
+from certs.issue import cert_pem, generate_key, issue_leaf, key_pem
 from certs.plan import make_plan, service_names
-from certs.renew import reconcile
-from certs.store import read_files, write_atomic, write_files
+from certs.store import write_atomic
 from cluster.clock import SystemClock
 from cluster.tls import CertReloader, TLSConfigError, client_context, server_context
+from tests.certfiles import Material, make_material
 
 POLL = 0.02
 WEBHOOK_SANS = (*service_names("tessera-webhook", "tessera-system"), "localhost", "127.0.0.1")
 
 
 # ---------------------------------------------------------------- builders
-
-
-@dataclass(frozen=True, slots=True)
-class Material:
-    """A folder as `python -m certs --dns localhost --ip 127.0.0.1` leaves it."""
-
-    folder: Path
-
-    def __getitem__(self, name: str) -> Path:
-        return self.folder / name
-
-    def ca(self) -> Pair:
-        return load_pair(self["ca.crt"].read_bytes(), self["ca.key"].read_bytes())
-
-
-def make_material(folder: Path) -> Material:
-    plan = make_plan(dns=["localhost"], ips=["127.0.0.1"])
-    outcome = reconcile({}, plan, SystemClock().now())
-    write_files(folder, outcome.files, read_files(folder, ()))
-    return Material(folder)
 
 
 @pytest.fixture(scope="module")
