@@ -28,6 +28,14 @@ def pod_key(namespace: str, name: str) -> PodKey:
     return PodKey(f"{namespace}/{name}")
 
 
+def product_matches(accepted: str, product: str) -> bool:
+    """``H100`` accepts ``NVIDIA-H100-80GB-HBM3``: its ``-`` parts appear as consecutive
+    parts of the GPU Feature Discovery product, in any case (``H10``, ``A100`` do not)."""
+    want = accepted.strip().lower().split("-")
+    have = product.strip().lower().split("-")
+    return any(have[i : i + len(want)] == want for i in range(len(have) - len(want) + 1))
+
+
 @dataclass(frozen=True, slots=True)
 class GpuDevice:
     """One GPU of a node: its index, its NVLink island, and how much of it is free."""

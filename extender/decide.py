@@ -1,0 +1,459 @@
+"""The extender's four decisions over one snapshot: filter, prioritize, bind, preempt.
+
+Layer: PURE. Functions from (snapshot, pod, candidates, config, time) to plain results:
+no I/O, no clock (``now`` is a value), no cache (a ``Snapshot`` is all they read), no
+pydantic, no aiohttp. ``verbs`` feeds them decoded requests; the HTTP shell owns the
+cache, assumes what ``plan_bind`` chose, and calls the API.
+
+What the snapshot is to each decision:
+
+* With ``nodeCacheCapable: true`` kube-scheduler sends node names: everything about a
+  node comes from the snapshot, and a name the snapshot lacks fails, unresolvable.
+* With ``nodeCacheCapable: false`` it sends whole Node objects (``request_nodes``). Who
+  holds which GPU only the cache knows (kube-scheduler counts GPUs, it does not name
+  them), so every GPU's use comes from the snapshot. What the node *is* (its GPUs,
+  islands, labels, product) comes from the request: the node kube-scheduler will bind
+  to. Where the two copies disagree about safety, the stricter wins: a GPU unhealthy in
+  either is unhealthy, a node cordoned in either is cordoned, the earlier drain time
+  counts. A node the cache has never seen fails, unresolvable: its pods, and so its
+  free GPUs, are unknown.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from itertools import combinations
+from types import MappingProxyType
+from typing import Any, Final
+
+from cluster.convert import ConversionError, format_indices, node_from_json
+from cluster.model import (
+    MILLI_PER_GPU,
+    Allocation,
+    GpuDevice,
+    NodeName,
+    NodeState,
+    PodInfo,
+    PodKey,
+)
+from cluster.snapshot import Snapshot, apply_allocation
+from extender.config import ExtenderConfig
+from extender.plugins import (
+    FIT,
+    MAX_SCORE,
+    PodContext,
+    Unfit,
+    build_context,
+    choose_gpus,
+    run_filters,
+    score_node,
+)
+
+SUBSETS_TRIED: Final = 4096
+"""Victim subsets ``preempt`` tries for the smallest one before it settles for a
+minimal one (no victim can be spared) found greedily."""
+
+
+def _not_cached(name: str) -> str:
+    return f"node {name} is not in the extender's cache (not seen by its watch yet, or deleted)"
+
+
+# ---------------------------------------------------------------- filter
+
+
+@dataclass(frozen=True, slots=True)
+class FilterOutcome:
+    """Which candidates fit, in the request's order, and why the others do not."""
+
+    fits: tuple[NodeName, ...]
+    failed: Mapping[NodeName, str]
+    """Nodes that preemption might help."""
+    unresolvable: Mapping[NodeName, str]
+    """Nodes no preemption can help (``FailedAndUnresolvableNodes``)."""
+
+
+def filter_nodes(
+    snapshot: Snapshot,
+    pod: PodInfo,
+    node_names: Iterable[str],
+    config: ExtenderConfig,
+    now: datetime,
+    *,
+    unresolvable: Mapping[NodeName, str] | None = None,
+) -> FilterOutcome:
+    """Run every filter of ``plugins`` for ``pod`` on each named node.
+
+    ``unresolvable`` adds nodes already known to fail (``request_nodes``' unknown ones).
+    """
+    ctx = build_context(snapshot, pod, config, now)
+    nodes = snapshot.nodes
+    fits: list[NodeName] = []
+    failed: dict[NodeName, str] = {}
+    hopeless: dict[NodeName, str] = dict(unresolvable or {})
+    for raw in node_names:
+        name = NodeName(raw)
+        if name in hopeless:
+            continue
+        node = nodes.get(name)
+        if node is None:
+            hopeless[name] = _not_cached(name)
+            continue
+        verdict = run_filters(ctx, node)
+        if verdict is FIT:
+            fits.append(name)
+        elif isinstance(verdict, Unfit):
+            (failed if verdict.resolvable else hopeless)[name] = verdict.reason
+    return FilterOutcome(tuple(fits), MappingProxyType(failed), MappingProxyType(hopeless))
+
+
+# ---------------------------------------------------------------- prioritize
+
+
+def score_nodes(
+    snapshot: Snapshot,
+    pod: PodInfo,
+    node_names: Iterable[str],
+    config: ExtenderConfig,
+    now: datetime,
+) -> list[tuple[NodeName, float | None]]:
+    """The combined score (0..10) of each named node, None where the pod does not fit.
+
+    The fine-grained answer, for callers that rank nodes themselves (the load test);
+    ``prioritize`` is what goes on the wire.
+    """
+    ctx = build_context(snapshot, pod, config, now)
+    nodes = snapshot.nodes
+    scored: list[tuple[NodeName, float | None]] = []
+    for raw in node_names:
+        name = NodeName(raw)
+        node = nodes.get(name)
+        if node is None or run_filters(ctx, node) is not FIT:
+            scored.append((name, None))
+        else:
+            scored.append((name, score_node(ctx, node)))
+    return scored
+
+
+def prioritize(
+    snapshot: Snapshot,
+    pod: PodInfo,
+    node_names: Iterable[str],
+    config: ExtenderConfig,
+    now: datetime,
+) -> list[tuple[NodeName, int]]:
+    """Integer scores 0..10 for ``/prioritize``, in the request's order."""
+    return wire_scores(score_nodes(snapshot, pod, node_names, config, now), config)
+
+
+def wire_scores(
+    scored: Sequence[tuple[NodeName, float | None]], config: ExtenderConfig
+) -> list[tuple[NodeName, int]]:
+    """Scores as the wire carries them: integers 0..10, 0 for a node that does not fit.
+
+    Normalized (the default), the fitting nodes spread over 1..10, best = 10, so that
+    the eleven values separate candidates as well as they can and a fitting node never
+    ties with one that does not fit. Otherwise each score is rounded on its own.
+    """
+    values = [s for _, s in scored if s is not None]
+    if not values:
+        return [(name, 0) for name, _ in scored]
+    low, high = min(values), max(values)
+    out: list[tuple[NodeName, int]] = []
+    for name, score in scored:
+        if score is None:
+            wire = 0
+        elif not config.normalize_scores:
+            wire = round(score)
+        elif high - low < 1e-9:
+            wire = int(MAX_SCORE)
+        else:
+            wire = 1 + round(9 * (score - low) / (high - low))
+        out.append((name, max(0, min(int(MAX_SCORE), wire))))
+    return out
+
+
+# ---------------------------------------------------------------- full Node objects
+
+
+@dataclass(frozen=True, slots=True)
+class RequestNodes:
+    """The request's Node objects merged with the cache, ready for the decisions."""
+
+    snapshot: Snapshot
+    """The snapshot with the request's nodes in place of the cache's copies."""
+    names: tuple[NodeName, ...]
+    """The request's nodes that can be decided on, in the request's order."""
+    unresolvable: Mapping[NodeName, str]
+    """Nodes that cannot be decided on, and why (unknown to the cache, no name)."""
+
+
+class _Overlay(Mapping[NodeName, NodeState]):
+    """``base`` with some nodes replaced, without copying 5,000 entries per request."""
+
+    __slots__ = ("_base", "_top")
+
+    def __init__(self, top: Mapping[NodeName, NodeState], base: Mapping[NodeName, NodeState]):
+        self._top = top
+        self._base = base
+
+    def __getitem__(self, key: NodeName) -> NodeState:
+        found = self._top.get(key)
+        return self._base[key] if found is None else found
+
+    def __iter__(self) -> Iterator[NodeName]:
+        yield from self._top
+        yield from (key for key in self._base if key not in self._top)
+
+    def __len__(self) -> int:
+        return len(self._base) + sum(1 for key in self._top if key not in self._base)
+
+
+def request_nodes(
+    snapshot: Snapshot, objects: Sequence[Mapping[str, Any]], config: ExtenderConfig
+) -> RequestNodes:
+    """The Node objects of a ``nodeCacheCapable: false`` request, merged with the cache
+    (see the module's docstring for which copy wins what)."""
+    merged: dict[NodeName, NodeState] = {}
+    names: list[NodeName] = []
+    hopeless: dict[NodeName, str] = {}
+    for number, obj in enumerate(objects):
+        try:
+            described = node_from_json(obj, config.level_labels)
+        except ConversionError as exc:
+            hopeless[NodeName(f"Nodes.items[{number}]")] = f"not a usable Node: {exc}"
+            continue
+        cached = snapshot.nodes.get(described.name)
+        if cached is None:
+            hopeless[described.name] = _not_cached(described.name)
+            continue
+        merged[described.name] = merge_node(described, cached)
+        names.append(described.name)
+    view = replace(snapshot, nodes=_Overlay(merged, snapshot.nodes))
+    return RequestNodes(view, tuple(names), MappingProxyType(hopeless))
+
+
+def merge_node(described: NodeState, cached: NodeState) -> NodeState:
+    """``described`` (the request's node, all GPUs free) with the GPU use the cache
+    counts on ``cached``, and the stricter of the two on health, cordon and drain."""
+    used = {gpu.index: MILLI_PER_GPU - gpu.free_milli for gpu in cached.gpus}
+    sick = {gpu.index for gpu in cached.gpus if not gpu.healthy}
+    gpus = tuple(
+        GpuDevice(
+            gpu.index,
+            gpu.island,
+            gpu.healthy and gpu.index not in sick,
+            max(0, gpu.free_milli - used.get(gpu.index, 0)),
+        )
+        for gpu in described.gpus
+    )
+    drains = [d for d in (described.drain_after, cached.drain_after) if d is not None]
+    return replace(
+        described,
+        gpus=gpus,
+        unschedulable=described.unschedulable or cached.unschedulable,
+        drain_after=min(drains) if drains else None,
+    )
+
+
+# ---------------------------------------------------------------- bind
+
+
+@dataclass(frozen=True, slots=True)
+class BindPlan:
+    """What to bind: the pod, and the GPUs it takes (None for a pod without GPUs)."""
+
+    pod: PodInfo
+    allocation: Allocation | None
+
+    @property
+    def gpu_indices(self) -> str:
+        """The ``tessera.dev/gpu-indices`` value to write on the pod."""
+        return "" if self.allocation is None else format_indices(self.allocation.indices)
+
+
+@dataclass(frozen=True, slots=True)
+class BindRefusal:
+    """Why the pod cannot be bound there; goes into ``ExtenderBindingResult.Error``."""
+
+    reason: str
+
+
+def plan_bind(
+    snapshot: Snapshot,
+    pod: PodKey | PodInfo,
+    node: str,
+    config: ExtenderConfig,
+    now: datetime,
+    *,
+    uid: str = "",
+) -> BindPlan | BindRefusal:
+    """The GPUs ``pod`` takes on ``node``, re-checked against every bound and assumed
+    pod in ``snapshot``, or why not.
+
+    ``pod`` is the cache's record when given a key; pass a ``PodInfo`` for a pod the
+    watch has not shown yet (one seen in a ``/filter`` request). ``uid`` (the binding's
+    ``PodUID``) must match the record's when both are known. A bind retried for the same
+    node gets the same GPUs again; the shell re-assumes them, which only renews the TTL.
+    """
+    if isinstance(pod, PodInfo):
+        info: PodInfo | None = pod
+        key = pod.key
+    else:
+        key = pod
+        info = snapshot.pods.get(key)
+    if info is None:
+        return BindRefusal(f"pod {key} is not in the extender's cache yet; retry later")
+    if uid and info.uid and info.uid != uid:
+        return BindRefusal(
+            f"pod {key} in the extender's cache has UID {info.uid}, the binding is for UID "
+            f"{uid} (deleted and re-created?)"
+        )
+    if info.node is not None:
+        return BindRefusal(f"pod {key} is already bound to node {info.node}")
+    held = snapshot.allocations.get(key)
+    if held is not None and key in snapshot.assumed:
+        if held.node == node:
+            return BindPlan(info, held)
+        return BindRefusal(f"pod {key} is already being bound to node {held.node}")
+    state = snapshot.nodes.get(NodeName(node))
+    if state is None:
+        return BindRefusal(f"cannot bind pod {key}: {_not_cached(node)}")
+    if not info.demand.uses_gpu:
+        return BindPlan(info, None)
+    ctx = build_context(snapshot, info, config, now)
+    verdict = run_filters(ctx, state)
+    if isinstance(verdict, Unfit):
+        return BindRefusal(f"cannot bind pod {key} to node {node}: {verdict.reason}")
+    choice = choose_gpus(state, info.demand, config)
+    if not choice:
+        # unreachable while filter_gpus is "choose_gpus found some"; said, not assumed
+        return BindRefusal(f"cannot bind pod {key} to node {node}: no GPUs could be chosen")
+    return BindPlan(info, Allocation(state.name, choice, info.demand.milli_per_gpu))
+
+
+# ---------------------------------------------------------------- preempt
+
+
+@dataclass(frozen=True, slots=True)
+class Victim:
+    """A pod kube-scheduler proposes to evict: its UID, and its key when the request
+    carried the whole Pod (``nodeCacheCapable: false``)."""
+
+    uid: str
+    key: PodKey | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVictims:
+    """The victims on one node, and how many PodDisruptionBudgets evicting them breaks."""
+
+    pods: tuple[Victim, ...]
+    pdb_violations: int = 0
+
+
+def preempt(
+    snapshot: Snapshot,
+    pod: PodInfo,
+    proposals: Mapping[str, NodeVictims],
+    config: ExtenderConfig,
+    now: datetime,
+) -> dict[NodeName, NodeVictims]:
+    """Of kube-scheduler's proposals, the nodes where evicting the proposed victims
+    really frees a valid placement for ``pod``, each with the smallest such subset.
+
+    Only victims holding GPUs on that node are weighed; the others are kept as
+    proposed: kube-scheduler chose them for what the extender does not see (CPU,
+    memory, pod count), and dropping them could leave the pod unfit there anyway.
+    Among subsets of equal size, the one evicting the fewest milli-GPUs wins, then the
+    earliest in kube-scheduler's order. More than ``SUBSETS_TRIED`` subsets: a minimal
+    subset (no victim in it can be spared) rather than the smallest. The PDB count
+    cannot be recomputed here, so it is kube-scheduler's, capped at the victims kept.
+    """
+    ctx = build_context(snapshot, pod, config, now)
+    keys = _victim_keys(snapshot, proposals)
+    answer: dict[NodeName, NodeVictims] = {}
+    for raw, proposal in proposals.items():
+        name = NodeName(raw)
+        node = snapshot.nodes.get(name)
+        if node is None:
+            continue
+        gpu_victims: list[tuple[int, Allocation]] = []
+        for position, victim in enumerate(proposal.pods):
+            key = keys.get(victim.uid)
+            held = snapshot.allocations.get(key) if key is not None else None
+            if held is not None and held.node == name:
+                indices = tuple(i for i in held.indices if any(g.index == i for g in node.gpus))
+                if indices:
+                    gpu_victims.append((position, replace(held, indices=indices)))
+        spared = _smallest_release(ctx, node, [alloc for _, alloc in gpu_victims])
+        if spared is None:
+            continue
+        evicted = {gpu_victims[i][0] for i in spared}
+        weighed = {position for position, _ in gpu_victims}
+        kept = tuple(
+            victim
+            for position, victim in enumerate(proposal.pods)
+            if position in evicted or position not in weighed
+        )
+        answer[name] = NodeVictims(kept, min(proposal.pdb_violations, len(kept)))
+    return answer
+
+
+def _victim_keys(snapshot: Snapshot, proposals: Mapping[str, NodeVictims]) -> dict[str, PodKey]:
+    """The cache's key of each proposed victim, by UID (a key from the request must
+    name a pod with that UID; UIDs alone need one pass over the cache's pods)."""
+    found: dict[str, PodKey] = {}
+    wanted: set[str] = set()
+    for proposal in proposals.values():
+        for victim in proposal.pods:
+            if victim.key is not None:
+                known = snapshot.pods.get(victim.key)
+                if known is not None and known.uid in ("", victim.uid):
+                    found[victim.uid] = victim.key
+                    continue
+            wanted.add(victim.uid)
+    wanted -= found.keys()
+    wanted.discard("")
+    if wanted:
+        for key, info in snapshot.pods.items():
+            if info.uid in wanted:
+                found[info.uid] = key
+    return found
+
+
+def _smallest_release(
+    ctx: PodContext, node: NodeState, held: Sequence[Allocation]
+) -> tuple[int, ...] | None:
+    """Positions in ``held`` whose release makes ``node`` fit the pod, fewest first;
+    None if releasing all of them is not enough."""
+
+    def fits(subset: Iterable[int]) -> bool:
+        freed = node
+        for i in subset:
+            freed = apply_allocation(freed, held[i], -1)
+        return run_filters(ctx, freed) is FIT
+
+    everyone = tuple(range(len(held)))
+    if not fits(everyone):
+        return None
+    budget = SUBSETS_TRIED
+    for size in range(len(held) + 1):
+        if math.comb(len(held), size) > budget:
+            break
+        budget -= math.comb(len(held), size)
+        working = [c for c in combinations(everyone, size) if fits(c)]
+        if working:
+            return min(working, key=lambda c: (sum(_milli(held[i]) for i in c), c))
+    keep = list(everyone)
+    for i in reversed(everyone):
+        trial = [j for j in keep if j != i]
+        if fits(trial):
+            keep = trial
+    return tuple(keep)
+
+
+def _milli(allocation: Allocation) -> int:
+    return len(allocation.indices) * allocation.milli_per_gpu

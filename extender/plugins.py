@@ -1,0 +1,730 @@
+"""Filters and scorers of one node for one pod, in the manner of kube-scheduler's framework.
+
+Layer: PURE. Functions of (``PodContext``, ``NodeState``): no I/O, no clock (the request
+time arrives in the context), no settings, no cache, no aiohttp. ``decide`` runs them
+over the candidates of a request; ``choose_gpus`` names the GPUs bind will take.
+
+* A filter answers ``FIT`` or ``Unfit(reason, resolvable)``. The reason is written for
+  the person reading ``kubectl describe pod``; ``resolvable`` says whether evicting pods
+  from the node could ever help (kube-scheduler tries preemption only where it could).
+* A scorer answers a float in 0..10 (10 is best). Floats rather than the wire's
+  integers: fragmentation differences between nodes are often a fraction of a GPU, and
+  rounding each scorer before combining them would erase exactly those differences.
+  ``decide.prioritize`` turns the combined score into the wire's integers.
+* ``choose_gpus`` is the single place that picks GPUs; the GPU filter is "it found some",
+  so a node that passes the filters always has an assignment at bind.
+
+The model of a node (``cluster.model``): GPUs with an index, an NVLink island, health
+and free milli-GPUs. Unhealthy GPUs are never counted or chosen. A whole-GPU pod takes
+GPUs nobody uses; a share takes part of one GPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+from typing import Final, TypeAlias
+
+from cluster.labels import GPU_RESOURCE, HOSTNAME
+from cluster.model import (
+    MILLI_PER_GPU,
+    Allocation,
+    GangSpec,
+    GpuDevice,
+    NodeName,
+    NodeState,
+    PodDemand,
+    PodInfo,
+    PodKey,
+    TopologyMode,
+    product_matches,
+)
+from cluster.snapshot import Snapshot, apply_allocation
+from extender.config import ExtenderConfig, MixEntry, TopologyLevel
+
+MAX_SCORE: Final = 10.0
+NEUTRAL_SCORE: Final = 5.0
+"""What a scorer answers when it has no opinion (a pod without GPUs): it ranks no node
+above another."""
+
+_FRAG_SCALE_MILLI: Final = 1000.0
+"""How much added fragmentation halves the packing score's distance to 0 (one GPU)."""
+
+
+# ---------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """The node can take the pod, as far as this filter can tell."""
+
+
+FIT: Final = Fit()
+
+
+@dataclass(frozen=True, slots=True)
+class Unfit:
+    """The node cannot take the pod: why, and whether evicting pods could change that."""
+
+    reason: str
+    resolvable: bool
+
+
+Verdict: TypeAlias = Fit | Unfit
+
+
+# ---------------------------------------------------------------- the pod's context
+
+
+@dataclass(frozen=True, slots=True)
+class DomainRoom:
+    """How many members of a gang one topology domain can hold."""
+
+    free: int
+    """Members that fit on the domain's free GPUs now."""
+    total: int
+    """Members that would fit if no other pod held a GPU there."""
+
+
+@dataclass(frozen=True, slots=True)
+class GangView:
+    """A pod's gang as the snapshot shows it, computed once per request."""
+
+    spec: GangSpec
+    members: tuple[NodeName, ...]
+    """Nodes of the members placed or assumed so far (this pod excluded), one per member."""
+    required: TopologyLevel | None = None
+    preferred: TopologyLevel | None = None
+    unknown_level: str | None = None
+    """``required:<level>`` names a level the extender does not know."""
+    member_domains: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Per level node label (and ``""`` for the node itself): members per domain value."""
+    members_located: int = 0
+    """Members whose node the snapshot knows (those counted in ``member_domains``)."""
+    allowed_domains: frozenset[str] | None = None
+    """``required``: the domain(s) at that level holding the most placed members."""
+    rooms: Mapping[str, DomainRoom] | None = None
+    """No member placed yet and a level to keep to: room per domain value at that level."""
+    node_fits: Mapping[NodeName, int] = field(default_factory=dict)
+    """How many members each node counted in ``rooms`` holds now (to re-count one node)."""
+
+    @property
+    def level(self) -> TopologyLevel | None:
+        return self.required or self.preferred
+
+
+@dataclass(frozen=True, slots=True)
+class PodContext:
+    """What every filter and scorer reads about the pod, built once per request."""
+
+    pod: PodKey
+    demand: PodDemand
+    now: datetime
+    config: ExtenderConfig
+    gang: GangView | None = None
+
+
+def build_context(
+    snapshot: Snapshot, pod: PodInfo, config: ExtenderConfig, now: datetime
+) -> PodContext:
+    """The context of ``pod`` deciding against ``snapshot`` at time ``now``."""
+    ctx = PodContext(pod=pod.key, demand=pod.demand, now=now, config=config)
+    spec = pod.demand.gang
+    if spec is None:
+        return ctx
+    gang = _gang_view(snapshot, ctx, spec)
+    return PodContext(pod=pod.key, demand=pod.demand, now=now, config=config, gang=gang)
+
+
+def _gang_view(snapshot: Snapshot, ctx: PodContext, spec: GangSpec) -> GangView:
+    members = tuple(
+        snapshot.allocations[key].node
+        for key in snapshot.gangs.get(spec.id, ())
+        if key != ctx.pod and key in snapshot.allocations
+    )
+    required = preferred = None
+    unknown = None
+    topology = ctx.demand.topology
+    if topology is not None:
+        level = ctx.config.level(topology.level)
+        if topology.mode is TopologyMode.PREFERRED:
+            preferred = level
+        elif level is not None:
+            required = level
+        else:
+            unknown = topology.level
+
+    counts: dict[str, dict[str, int]] = {label: {} for label in _locality_labels(ctx.config)}
+    located = 0
+    for name in members:
+        node = snapshot.nodes.get(name)
+        if node is None:
+            continue
+        located += 1
+        for label, per_domain in counts.items():
+            value = name if label == "" else node.domains.get(label)
+            if value is not None:
+                per_domain[value] = per_domain.get(value, 0) + 1
+
+    focus = required or preferred
+    allowed = None
+    rooms = None
+    node_fits: dict[NodeName, int] = {}
+    if focus is not None:
+        placed = counts.get(focus.node_label, {})
+        if placed:
+            top = max(placed.values())
+            allowed = frozenset(v for v, n in placed.items() if n == top) if required else None
+        else:
+            rooms = _rooms(snapshot, ctx, focus.node_label, node_fits)
+    return GangView(
+        spec=spec,
+        members=members,
+        required=required,
+        preferred=preferred,
+        unknown_level=unknown,
+        member_domains=MappingProxyType({k: MappingProxyType(v) for k, v in counts.items()}),
+        members_located=located,
+        allowed_domains=allowed,
+        rooms=None if rooms is None else MappingProxyType(rooms),
+        node_fits=MappingProxyType(node_fits),
+    )
+
+
+def _locality_labels(config: ExtenderConfig) -> tuple[str, ...]:
+    """Labels members are counted by: every level's, and ``""`` for the node itself."""
+    return (*(level.node_label for level in config.levels), "")
+
+
+def _rooms(
+    snapshot: Snapshot, ctx: PodContext, label: str, node_fits: dict[NodeName, int]
+) -> dict[str, DomainRoom]:
+    """Room for members of the gang per domain at ``label``, over every known node that
+    could take one of them at all. Whole pods per node, not GPU sums: eight GPUs free as
+    two per node hold no member of four GPUs."""
+    free: dict[str, int] = {}
+    total: dict[str, int] = {}
+    islands_required = ctx.config.islands_required
+    for node in snapshot.nodes.values():
+        value = node.domains.get(label)
+        if value is None or _first_unfit(ctx, node, NODE_FILTERS) is not None:
+            continue
+        fits = pod_fits(node, ctx.demand, islands_required)
+        node_fits[node.name] = fits
+        free[value] = free.get(value, 0) + fits
+        total[value] = total.get(value, 0) + pod_fits(
+            node, ctx.demand, islands_required, empty=True
+        )
+    return {value: DomainRoom(free[value], total[value]) for value in free}
+
+
+# ---------------------------------------------------------------- GPU arithmetic
+
+
+def _islands(node: NodeState) -> tuple[dict[int, list[GpuDevice]], dict[int, int]]:
+    """Whole-free GPUs per island (index order) and healthy GPUs per island."""
+    free: dict[int, list[GpuDevice]] = {}
+    healthy: dict[int, int] = {}
+    for gpu in node.gpus:
+        if gpu.healthy:
+            healthy[gpu.island] = healthy.get(gpu.island, 0) + 1
+            if gpu.free_milli >= MILLI_PER_GPU:
+                free.setdefault(gpu.island, []).append(gpu)
+    return free, healthy
+
+
+def _one_island(k: int, healthy: Mapping[int, int], islands_required: bool) -> bool:
+    """Whether ``k`` whole GPUs must come from one island: the rule is on, and some
+    island has ``k`` healthy GPUs (a pod larger than every island must span)."""
+    return islands_required and k <= max(healthy.values(), default=0)
+
+
+def choose_gpus(
+    node: NodeState, demand: PodDemand, config: ExtenderConfig
+) -> tuple[int, ...] | None:
+    """The GPU indices ``demand`` takes on ``node`` (ascending), or None if it cannot.
+
+    Whole GPUs: from the island with the fewest free GPUs that holds them all (best
+    fit keeps large islands whole); when none holds them and they need not be in one
+    island, from as few islands as possible. A share: the healthy GPU with the least
+    free milli that holds it, preferring GPUs in busier islands on a tie. A pod
+    without GPUs takes ``()``.
+    """
+    if demand.gpus > 0:
+        return _choose_whole(node, demand.gpus, config.islands_required)
+    if demand.gpu_milli > 0:
+        return _choose_share(node, demand.gpu_milli)
+    return ()
+
+
+def _choose_whole(node: NodeState, k: int, islands_required: bool) -> tuple[int, ...] | None:
+    free, healthy = _islands(node)
+    holding = [island for island, gpus in free.items() if len(gpus) >= k]
+    if holding:
+        best = min(holding, key=lambda island: (len(free[island]), island))
+        return tuple(g.index for g in free[best][:k])
+    if _one_island(k, healthy, islands_required) or sum(map(len, free.values())) < k:
+        return None
+    pool = sorted(free, key=lambda island: (-len(free[island]), island))
+    chosen: list[int] = []
+    remaining = k
+    while remaining > 0:
+        holding = [island for island in pool if len(free[island]) >= remaining]
+        if holding:
+            last = min(holding, key=lambda island: (len(free[island]), island))
+            chosen.extend(g.index for g in free[last][:remaining])
+            break
+        largest = pool.pop(0)
+        chosen.extend(g.index for g in free[largest])
+        remaining -= len(free[largest])
+    return tuple(sorted(chosen))
+
+
+def _choose_share(node: NodeState, milli: int) -> tuple[int, ...] | None:
+    whole_free: dict[int, int] = {}
+    for gpu in node.gpus:
+        if gpu.healthy and gpu.free_milli >= MILLI_PER_GPU:
+            whole_free[gpu.island] = whole_free.get(gpu.island, 0) + 1
+    best: tuple[int, int, int] | None = None
+    for gpu in node.gpus:
+        if gpu.healthy and gpu.free_milli >= milli:
+            key = (gpu.free_milli, whole_free.get(gpu.island, 0), gpu.index)
+            if best is None or key < best:
+                best = key
+    return None if best is None else (best[2],)
+
+
+def pod_fits(
+    node: NodeState, demand: PodDemand, islands_required: bool, *, empty: bool = False
+) -> int:
+    """How many pods like ``demand`` the node's healthy GPUs hold at once: now, or with
+    ``empty`` as if no other pod held any. A pod without GPUs: the node's pod limit."""
+    if demand.gpus > 0:
+        k = demand.gpus
+        counts: dict[int, int] = {}
+        healthy: dict[int, int] = {}
+        for gpu in node.gpus:
+            if gpu.healthy:
+                healthy[gpu.island] = healthy.get(gpu.island, 0) + 1
+                if empty or gpu.free_milli >= MILLI_PER_GPU:
+                    counts[gpu.island] = counts.get(gpu.island, 0) + 1
+        if _one_island(k, healthy, islands_required):
+            return sum(c // k for c in counts.values())
+        return sum(counts.values()) // k
+    if demand.gpu_milli > 0:
+        m = demand.gpu_milli
+        return sum(
+            (MILLI_PER_GPU if empty else gpu.free_milli) // m for gpu in node.gpus if gpu.healthy
+        )
+    return node.max_pods
+
+
+# ---------------------------------------------------------------- filters
+
+
+def filter_schedulable(ctx: PodContext, node: NodeState) -> Verdict:
+    """A cordoned node takes nothing new."""
+    if node.unschedulable:
+        return Unfit("node is cordoned (spec.unschedulable)", resolvable=False)
+    return FIT
+
+
+def filter_product(ctx: PodContext, node: NodeState) -> Verdict:
+    """The node's GPU model is one the pod accepts (``tessera.dev/gpu-product``)."""
+    accepted = ctx.demand.products
+    if not accepted or not ctx.demand.uses_gpu:
+        return FIT
+    wanted = " or ".join(accepted)
+    if not node.product:
+        return Unfit(f"node has no GPU product label; pod accepts {wanted}", resolvable=False)
+    if any(product_matches(a, node.product) for a in accepted):
+        return FIT
+    return Unfit(f"node has {node.product} GPUs; pod accepts {wanted}", resolvable=False)
+
+
+def filter_maintenance(ctx: PodContext, node: NodeState) -> Verdict:
+    """A node that drains at ``tessera.dev/drain-after`` takes only pods whose time
+    limit (``activeDeadlineSeconds``) ends by then, counted from now."""
+    drain = node.drain_after
+    if drain is None:
+        return FIT
+    limit = ctx.demand.time_limit_s
+    when = _rfc3339(drain)
+    if limit is None:
+        return Unfit(
+            f"node drains for maintenance at {when}; pod has no time limit "
+            "(activeDeadlineSeconds) to end before it",
+            resolvable=False,
+        )
+    ends = ctx.now + timedelta(seconds=limit)
+    if ends > drain:
+        return Unfit(
+            f"node drains for maintenance at {when}; pod's time limit of "
+            f"{_duration(limit)} would end at {_rfc3339(ends)}",
+            resolvable=False,
+        )
+    return FIT
+
+
+def filter_gpus(ctx: PodContext, node: NodeState) -> Verdict:
+    """Enough free healthy GPUs, in one NVLink island when the pod fits in one; for a
+    share, one healthy GPU with enough milli free."""
+    demand = ctx.demand
+    if not demand.uses_gpu:
+        return FIT
+    if not node.gpus:
+        return Unfit(f"node has no GPUs ({GPU_RESOURCE} allocatable is 0)", resolvable=False)
+    if demand.gpus > 0:
+        return _whole_verdict(node, demand.gpus, ctx.config.islands_required)
+    return _share_verdict(node, demand.gpu_milli)
+
+
+def _whole_verdict(node: NodeState, k: int, islands_required: bool) -> Verdict:
+    free, healthy = _islands(node)
+    total_healthy = sum(healthy.values())
+    if total_healthy < k:
+        return Unfit(
+            f"node has {_gpus(total_healthy, 'healthy ')}{_unhealthy_note(node)}, pod needs {k}",
+            resolvable=False,
+        )
+    total_free = sum(map(len, free.values()))
+    if total_free == 0:
+        return Unfit(f"all {_gpus(total_healthy, 'healthy ')} are in use, pod needs {k}", True)
+    if _one_island(k, healthy, islands_required):
+        best = min(healthy, key=lambda island: (-len(free.get(island, ())), island))
+        best_free = len(free.get(best, ()))
+        if best_free >= k:
+            return FIT
+        reason = f"{_gpus(best_free, 'healthy ')} free in island {best}, pod needs {k}"
+        if total_free >= k:
+            reason += f" ({total_free} free on the node, but {k} must share one NVLink island)"
+        return Unfit(reason, resolvable=True)
+    if total_free >= k:
+        return FIT
+    return Unfit(f"{_gpus(total_free, 'healthy ')} free, pod needs {k}", resolvable=True)
+
+
+def _share_verdict(node: NodeState, milli: int) -> Verdict:
+    healthy = [gpu for gpu in node.gpus if gpu.healthy]
+    if not healthy:
+        return Unfit(f"all {_gpus(len(node.gpus))} of the node are unhealthy", resolvable=False)
+    best = max(healthy, key=lambda gpu: (gpu.free_milli, -gpu.index))
+    if best.free_milli >= milli:
+        return FIT
+    if best.free_milli == 0:
+        return Unfit(
+            f"all {_gpus(len(healthy), 'healthy ')} are in use, pod needs {milli} milli of one GPU",
+            resolvable=True,
+        )
+    return Unfit(
+        f"at most {best.free_milli} milli-GPU free on one healthy GPU (GPU {best.index}), "
+        f"pod needs {milli} milli of one GPU",
+        resolvable=True,
+    )
+
+
+def filter_gang_domain(ctx: PodContext, node: NodeState) -> Verdict:
+    """``required:<level>``: once a member is placed or assumed, only its domain."""
+    gang = ctx.gang
+    if gang is None:
+        return FIT
+    if gang.unknown_level is not None:
+        known = ", ".join(level.name for level in ctx.config.levels)
+        return Unfit(
+            f"gang {gang.spec.id} requires topology level {gang.unknown_level!r}, which is not "
+            f"one of the extender's levels ({known})",
+            resolvable=False,
+        )
+    level = gang.required
+    if level is None:
+        return FIT
+    value = node.domains.get(level.node_label)
+    if value is None:
+        return Unfit(
+            f"node has no {level.node_label} label; gang {gang.spec.id} must stay in one "
+            f"{level.name}",
+            resolvable=False,
+        )
+    allowed = gang.allowed_domains
+    if allowed is None or value in allowed:
+        return FIT
+    where = " or ".join(sorted(allowed))
+    placed = gang.member_domains.get(level.node_label, {}).get(min(allowed), 0)
+    return Unfit(
+        f"gang {gang.spec.id} has {_members(placed)} in {level.name} {where}; "
+        f"node is in {level.name} {value}",
+        resolvable=False,
+    )
+
+
+def filter_gang_room(ctx: PodContext, node: NodeState) -> Verdict:
+    """``required:<level>``: the first member goes only to a domain with room for the
+    gang's ``min`` members (counted as whole pods that fit, node by node)."""
+    gang = ctx.gang
+    if gang is None or gang.required is None or gang.rooms is None:
+        return FIT
+    level = gang.required
+    value = node.domains.get(level.node_label)
+    if value is None:
+        return FIT  # filter_gang_domain reports the missing label
+    need = gang.spec.min_count
+    free, total = domain_room(ctx, gang, value, node)
+    if free >= need:
+        return FIT
+    return Unfit(
+        f"{level.name} {value} has room for {_members(free)} of gang {gang.spec.id} now, "
+        f"it needs {need} together",
+        resolvable=total >= need,
+    )
+
+
+def domain_room(ctx: PodContext, gang: GangView, value: str, node: NodeState) -> tuple[int, int]:
+    """(free, total) room for members in domain ``value``, with ``node`` counted as it is
+    given (it may differ from the snapshot's: victims evicted, or the request's copy)."""
+    room = (gang.rooms or {}).get(value, DomainRoom(0, 0))
+    before = gang.node_fits.get(node.name)
+    if before is None:
+        return room.free, room.total
+    now = pod_fits(node, ctx.demand, ctx.config.islands_required)
+    return room.free - before + now, room.total
+
+
+Filter: TypeAlias = Callable[[PodContext, NodeState], Verdict]
+
+NODE_FILTERS: Final[tuple[Filter, ...]] = (filter_schedulable, filter_product, filter_maintenance)
+"""Filters about the node as a whole, whatever its GPUs hold."""
+
+FILTERS: Final[tuple[Filter, ...]] = (
+    *NODE_FILTERS,
+    filter_gang_domain,
+    filter_gpus,
+    filter_gang_room,
+)
+
+
+def _first_unfit(ctx: PodContext, node: NodeState, filters: tuple[Filter, ...]) -> Unfit | None:
+    for check in filters:
+        verdict = check(ctx, node)
+        if isinstance(verdict, Unfit):
+            return verdict
+    return None
+
+
+def run_filters(ctx: PodContext, node: NodeState) -> Verdict:
+    """Every filter; an unresolvable reason wins over a resolvable one, since it is the
+    one that tells kube-scheduler not to try preemption there."""
+    resolvable: Unfit | None = None
+    for check in FILTERS:
+        verdict = check(ctx, node)
+        if isinstance(verdict, Unfit):
+            if not verdict.resolvable:
+                return verdict
+            resolvable = resolvable or verdict
+    return resolvable or FIT
+
+
+# ---------------------------------------------------------------- scorers
+
+
+def fragmentation(node: NodeState, mix: tuple[MixEntry, ...], islands_required: bool) -> float:
+    """Free milli-GPUs of ``node`` that the expected pods could not use, averaged over the
+    mix by weight: the FGD measure (Weng et al., ATC'23), with NVLink islands.
+
+    For a share of ``m``: GPUs with less than ``m`` free are fragments. For ``k`` whole
+    GPUs: partly used GPUs are fragments, and so are whole-free GPUs in islands with
+    fewer than ``k`` free when ``k`` must fit in one island. A pod size the node cannot
+    take at all leaves every free milli a fragment.
+    """
+    frees = sorted(gpu.free_milli for gpu in node.gpus if gpu.healthy)
+    total = sum(frees)
+    if total == 0:
+        return 0.0
+    whole: dict[int, int] = {}
+    healthy: dict[int, int] = {}
+    for gpu in node.gpus:
+        if gpu.healthy:
+            healthy[gpu.island] = healthy.get(gpu.island, 0) + 1
+            if gpu.free_milli >= MILLI_PER_GPU:
+                whole[gpu.island] = whole.get(gpu.island, 0) + 1
+    whole_total = sum(whole.values())
+    largest_free = frees[-1]
+    prefix = [0]
+    for free in frees:
+        prefix.append(prefix[-1] + free)
+    weighted = 0.0
+    weights = 0.0
+    for entry in mix:
+        if entry.gpus > 0:
+            k = entry.gpus
+            if _one_island(k, healthy, islands_required):
+                usable = sum(c for c in whole.values() if c >= k)
+            else:
+                usable = whole_total if whole_total >= k else 0
+            frag = total - usable * MILLI_PER_GPU if usable else total
+        else:
+            m = entry.gpu_milli
+            frag = total if largest_free < m else prefix[bisect.bisect_left(frees, m)]
+        weighted += entry.weight * frag
+        weights += entry.weight
+    return weighted / weights
+
+
+def score_packing(ctx: PodContext, node: NodeState) -> float:
+    """10 for the placement that leaves the node least fragmented for the expected pod
+    mix, 5 when it changes nothing, towards 0 as it strands more free GPU capacity."""
+    return _packing(ctx, node, choose_gpus(node, ctx.demand, ctx.config))
+
+
+def _packing(ctx: PodContext, node: NodeState, choice: tuple[int, ...] | None) -> float:
+    if choice is None:
+        return 0.0
+    if not choice:
+        return NEUTRAL_SCORE
+    mix, islands_required = ctx.config.pod_mix, ctx.config.islands_required
+    after = apply_allocation(node, Allocation(node.name, choice, ctx.demand.milli_per_gpu), 1)
+    before = fragmentation(node, mix, islands_required)
+    delta = fragmentation(after, mix, islands_required) - before
+    # a logistic curve: monotonic everywhere, so no two deltas collapse at a clamp
+    exponent = max(-50.0, min(50.0, delta / _FRAG_SCALE_MILLI))
+    return MAX_SCORE / (1.0 + math.exp(exponent))
+
+
+def score_island_fit(ctx: PodContext, node: NodeState) -> float:
+    """Best fit inside the node: 10 when the pod fills exactly what is free in the
+    islands it uses (or the free part of its shared GPU); less the more it leaves."""
+    return _island_fit(ctx, node, choose_gpus(node, ctx.demand, ctx.config))
+
+
+def _island_fit(ctx: PodContext, node: NodeState, choice: tuple[int, ...] | None) -> float:
+    if choice is None:
+        return 0.0
+    if not choice:
+        return NEUTRAL_SCORE
+    demand = ctx.demand
+    by_index = {gpu.index: gpu for gpu in node.gpus}
+    if demand.is_share:
+        return MAX_SCORE * demand.gpu_milli / max(demand.gpu_milli, by_index[choice[0]].free_milli)
+    free, healthy = _islands(node)
+    used = {by_index[i].island for i in choice}
+    left_open = sum(len(free.get(island, ())) for island in used)
+    score = MAX_SCORE * demand.gpus / max(demand.gpus, left_open)
+    if len(used) > 1 and _one_island(demand.gpus, healthy, True):
+        # only when islands are a preference: it fits one island but spans several
+        score /= len(used)
+    return score
+
+
+def score_gang_locality(ctx: PodContext, node: NodeState) -> float:
+    """Members of a gang close together.
+
+    With members placed: the share of them in this node's domain, at the
+    ``preferred:<level>`` when there is one (three quarters of the score), and averaged
+    over every level down to the node itself. For the first member: room for the gang's
+    ``min`` members in this node's domain at its level (or on the node, without one).
+    Not a gang: 0 everywhere, so it ranks no node above another.
+    """
+    gang = ctx.gang
+    if gang is None:
+        return 0.0
+    if gang.members_located:
+        affinity = _affinity(gang, node)
+        if gang.preferred is not None:
+            near = _share_in(gang, gang.preferred.node_label, node)
+            return MAX_SCORE * (0.75 * near + 0.25 * affinity)
+        return MAX_SCORE * affinity
+    need = max(1, gang.spec.min_count)
+    level = gang.level
+    if level is not None and gang.rooms is not None:
+        value = node.domains.get(level.node_label)
+        if value is None:
+            return 0.0
+        free, _ = domain_room(ctx, gang, value, node)
+        return MAX_SCORE * min(1.0, free / need)
+    fits = pod_fits(node, ctx.demand, ctx.config.islands_required)
+    return MAX_SCORE * min(1.0, fits / need)
+
+
+def _share_in(gang: GangView, label: str, node: NodeState) -> float:
+    value = node.name if label == "" else node.domains.get(label)
+    if value is None or not gang.members_located:
+        return 0.0
+    return gang.member_domains.get(label, {}).get(value, 0) / gang.members_located
+
+
+def _affinity(gang: GangView, node: NodeState) -> float:
+    # the hostname level and the node itself are one level: count it once
+    labels = [label for label in gang.member_domains if label != HOSTNAME]
+    return sum(_share_in(gang, label, node) for label in labels) / len(labels)
+
+
+Scorer: TypeAlias = Callable[[PodContext, NodeState], float]
+
+SCORERS: Final[Mapping[str, Scorer]] = MappingProxyType(
+    {
+        "packing": score_packing,
+        "island_fit": score_island_fit,
+        "gang_locality": score_gang_locality,
+    }
+)
+"""Each scorer by the name of its weight in ``ScoringWeights``."""
+
+
+def score_node(ctx: PodContext, node: NodeState) -> float:
+    """The weighted mean of the scorers, 0..10; 0 where the pod has no GPUs to take.
+
+    Meant for nodes that passed the filters; the GPUs are chosen once and every scorer
+    judges that same choice, the one bind will make.
+    """
+    choice = choose_gpus(node, ctx.demand, ctx.config)
+    if choice is None:
+        return 0.0
+    weights = ctx.config.weights
+    total = 0.0
+    if weights.packing:
+        total += weights.packing * _packing(ctx, node, choice)
+    if weights.island_fit:
+        total += weights.island_fit * _island_fit(ctx, node, choice)
+    if weights.gang_locality:
+        total += weights.gang_locality * score_gang_locality(ctx, node)
+    return clamp_score(total / weights.total)
+
+
+def clamp_score(score: float) -> float:
+    """Within 0..10 whatever happened upstream (NaN counts as 0)."""
+    if not score >= 0.0:
+        return 0.0
+    return min(MAX_SCORE, score)
+
+
+# ---------------------------------------------------------------- words
+
+
+def _gpus(count: int, kind: str = "") -> str:
+    return f"{count} {kind}GPU{'' if count == 1 else 's'}"
+
+
+def _members(count: int) -> str:
+    return f"{count} member{'' if count == 1 else 's'}"
+
+
+def _unhealthy_note(node: NodeState) -> str:
+    bad = [str(gpu.index) for gpu in node.gpus if not gpu.healthy]
+    if not bad:
+        return ""
+    return f" (GPU {','.join(bad)} unhealthy)"
+
+
+def _rfc3339(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _duration(seconds: int) -> str:
+    """``4h``, ``1h30m``, ``90s``: as a person would write the time limit."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return "".join(parts) or "0s"

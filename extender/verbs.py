@@ -1,0 +1,145 @@
+"""One function per extender verb: request bytes and a snapshot in, an answer out.
+
+Layer: PURE glue between ``wire`` (bytes ⇄ records) and ``decide`` (the decisions). No
+I/O, no clock (``now`` is passed in), no cache (a ``Snapshot`` is all it reads), no
+aiohttp. The HTTP shell takes a snapshot, calls one of these with no ``await`` in
+between, and writes the ``Reply``.
+
+Status codes: a body that is not the verb's request is HTTP 400 with the reason (as
+``{"Error": …}`` for a person with curl; kube-scheduler reads only the status). Anything
+else is HTTP 200: a logical failure of filter or bind goes in ``Error``; prioritize has
+no ``Error`` field and kube-scheduler ignores a failing prioritize anyway, so it answers
+0 for every node; preempt's answer has no ``Error`` either, and an empty map means "no
+node helps".
+
+Bind is split because its middle is I/O: ``plan_bind`` decides the GPUs (or answers at
+once), the shell assumes them in the cache, patches ``tessera.dev/gpu-indices``, posts
+the Binding, and answers with ``bind_reply``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from cluster.model import NodeName, PodInfo, PodKey
+from cluster.snapshot import Snapshot
+from extender import decide, wire
+from extender.config import ExtenderConfig
+
+OK = 200
+BAD_REQUEST = 400
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An HTTP answer; ``outcome`` and ``note`` are for the shell's metrics and logs."""
+
+    status: int
+    body: bytes
+    outcome: decide.FilterOutcome | None = None
+    note: str = ""
+
+
+def _bad(reason: str) -> Reply:
+    return Reply(BAD_REQUEST, wire.encode_bad_request(reason), note=reason)
+
+
+_NO_CANDIDATES = "the request names no nodes: Nodes and NodeNames are both null"
+
+
+def handle_filter(body: bytes, snapshot: Snapshot, config: ExtenderConfig, now: datetime) -> Reply:
+    """``POST /filter``: the candidates the pod fits, in the request's spelling."""
+    try:
+        args = wire.decode_extender_args(body)
+    except wire.BadRequest as exc:
+        return _bad(str(exc))
+    if args.node_names is not None:
+        outcome = decide.filter_nodes(snapshot, args.pod, args.node_names, config, now)
+    elif args.nodes is not None:
+        given = decide.request_nodes(snapshot, args.nodes.items, config)
+        outcome = decide.filter_nodes(
+            given.snapshot, args.pod, given.names, config, now, unresolvable=given.unresolvable
+        )
+    else:
+        return Reply(OK, wire.encode_filter_error(_NO_CANDIDATES), note=_NO_CANDIDATES)
+    return Reply(OK, wire.encode_filter(args, outcome), outcome=outcome)
+
+
+def handle_prioritize(
+    body: bytes, snapshot: Snapshot, config: ExtenderConfig, now: datetime
+) -> Reply:
+    """``POST /prioritize``: a score 0..10 per candidate, in the request's order."""
+    try:
+        args = wire.decode_extender_args(body)
+    except wire.BadRequest as exc:
+        return _bad(str(exc))
+    if args.node_names is not None:
+        scores = decide.prioritize(snapshot, args.pod, args.node_names, config, now)
+    elif args.nodes is not None:
+        given = decide.request_nodes(snapshot, args.nodes.items, config)
+        scored = dict(decide.score_nodes(given.snapshot, args.pod, given.names, config, now))
+        # every node of the request gets a score, the unusable ones 0, in its order
+        order = [name for name in map(_item_name, args.nodes.items) if name is not None]
+        scores = decide.wire_scores([(n, scored.get(n)) for n in order], config)
+    else:
+        return Reply(OK, wire.encode_priorities([]), note=_NO_CANDIDATES)
+    return Reply(OK, wire.encode_priorities(scores))
+
+
+def _item_name(item: Mapping[str, object]) -> NodeName | None:
+    metadata = item.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    return NodeName(name) if isinstance(name, str) and name else None
+
+
+@dataclass(frozen=True, slots=True)
+class BindStep:
+    """A bind to carry out: the binding asked for, and the GPUs it takes."""
+
+    args: wire.BindingArgs
+    plan: decide.BindPlan
+
+
+def plan_bind(
+    body: bytes,
+    snapshot: Snapshot,
+    config: ExtenderConfig,
+    now: datetime,
+    *,
+    seen: Mapping[str, PodInfo] | None = None,
+) -> BindStep | Reply:
+    """``POST /bind``, the deciding half: the GPUs to assume, or the answer right away.
+
+    ``seen`` maps pod UIDs to pods from recent ``/filter`` requests, for a pod the watch
+    has not shown yet (kube-scheduler binds a few milliseconds after it filters).
+    """
+    try:
+        args = wire.decode_binding_args(body)
+    except wire.BadRequest as exc:
+        return _bad(str(exc))
+    pod: PodKey | PodInfo = args.key
+    if args.key not in snapshot.pods and seen is not None:
+        recent = seen.get(args.pod_uid)
+        if recent is not None and recent.key == args.key:
+            pod = recent
+    plan = decide.plan_bind(snapshot, pod, args.node, config, now, uid=args.pod_uid)
+    if isinstance(plan, decide.BindRefusal):
+        return Reply(OK, wire.encode_binding_result(plan.reason), note=plan.reason)
+    return BindStep(args, plan)
+
+
+def bind_reply(error: str = "") -> Reply:
+    """``POST /bind``, the answer once the shell has bound the pod (or failed to)."""
+    return Reply(OK, wire.encode_binding_result(error), note=error)
+
+
+def handle_preempt(body: bytes, snapshot: Snapshot, config: ExtenderConfig, now: datetime) -> Reply:
+    """``POST /preempt``: the proposed nodes where eviction really helps, fewest victims."""
+    try:
+        args = wire.decode_preemption_args(body)
+    except wire.BadRequest as exc:
+        return _bad(str(exc))
+    chosen = decide.preempt(snapshot, args.pod, args.proposals, config, now)
+    return Reply(OK, wire.encode_preemption_result(chosen))
