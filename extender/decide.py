@@ -360,6 +360,8 @@ def preempt(
     proposals: Mapping[str, NodeVictims],
     config: ExtenderConfig,
     now: datetime,
+    *,
+    max_subsets: int = SUBSETS_TRIED,
 ) -> dict[NodeName, NodeVictims]:
     """Of kube-scheduler's proposals, the nodes where evicting the proposed victims
     really frees a valid placement for ``pod``, each with the smallest such subset.
@@ -368,7 +370,7 @@ def preempt(
     proposed: kube-scheduler chose them for what the extender does not see (CPU,
     memory, pod count), and dropping them could leave the pod unfit there anyway.
     Among subsets of equal size, the one evicting the fewest milli-GPUs wins, then the
-    earliest in kube-scheduler's order. More than ``SUBSETS_TRIED`` subsets: a minimal
+    earliest in kube-scheduler's order. More than ``max_subsets`` subsets: a minimal
     subset (no victim in it can be spared) rather than the smallest. The PDB count
     cannot be recomputed here, so it is kube-scheduler's, capped at the victims kept.
     """
@@ -388,7 +390,7 @@ def preempt(
                 indices = tuple(i for i in held.indices if any(g.index == i for g in node.gpus))
                 if indices:
                     gpu_victims.append((position, replace(held, indices=indices)))
-        spared = _smallest_release(ctx, node, [alloc for _, alloc in gpu_victims])
+        spared = _smallest_release(ctx, node, [alloc for _, alloc in gpu_victims], max_subsets)
         if spared is None:
             continue
         evicted = {gpu_victims[i][0] for i in spared}
@@ -425,7 +427,7 @@ def _victim_keys(snapshot: Snapshot, proposals: Mapping[str, NodeVictims]) -> di
 
 
 def _smallest_release(
-    ctx: PodContext, node: NodeState, held: Sequence[Allocation]
+    ctx: PodContext, node: NodeState, held: Sequence[Allocation], budget: int
 ) -> tuple[int, ...] | None:
     """Positions in ``held`` whose release makes ``node`` fit the pod, fewest first;
     None if releasing all of them is not enough."""
@@ -439,7 +441,6 @@ def _smallest_release(
     everyone = tuple(range(len(held)))
     if not fits(everyone):
         return None
-    budget = SUBSETS_TRIED
     for size in range(len(held) + 1):
         if math.comb(len(held), size) > budget:
             break

@@ -1,0 +1,345 @@
+"""The four decisions over a snapshot: what filter answers per node, what bind takes,
+which victims preemption keeps, and how full Node objects meet the cache."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from cluster.convert import node_from_json
+from cluster.model import Allocation, NodeName, PodDemand, PodInfo, PodKey
+from cluster.snapshot import Snapshot
+from extender import decide
+from extender.decide import BindPlan, BindRefusal, NodeVictims, Victim
+from tests import builders
+from tests.unit.test_extender_builders import (
+    CONFIG,
+    NOW,
+    cluster,
+    demand,
+    free_milli,
+    node,
+    pod,
+    snapshot,
+)
+
+# ---------------------------------------------------------------- filter
+
+
+def test_filter_sorts_every_candidate_into_fits_failed_or_unresolvable() -> None:
+    snap = snapshot(
+        [
+            node(".... ....", "free"),
+            node("#### ####", "busy"),
+            node(".... ....", "cordoned", unschedulable=True),
+        ]
+    )
+    outcome = decide.filter_nodes(
+        snap, pod("p", demand(2)), ["busy", "free", "cordoned", "ghost"], CONFIG, NOW
+    )
+    assert outcome.fits == ("free",)
+    assert outcome.failed == {"busy": "all 8 healthy GPUs are in use, pod needs 2"}
+    assert outcome.unresolvable == {
+        "cordoned": "node is cordoned (spec.unschedulable)",
+        "ghost": (
+            "node ghost is not in the extender's cache (not seen by its watch yet, or deleted)"
+        ),
+    }
+
+
+def test_filter_counts_assumed_pods() -> None:
+    cache = cluster([node(".... ....", "n1")], [pod("a", demand(4))])
+    info = cache.snapshot().pods[PodKey("ns/a")]
+    cache.assume(info, Allocation(NodeName("n1"), (0, 1, 2, 3), 1000))
+    outcome = decide.filter_nodes(cache.snapshot(), pod("c", demand(8)), ["n1"], CONFIG, NOW)
+    assert outcome.failed == {"n1": "4 healthy GPUs free, pod needs 8"}
+
+
+# ---------------------------------------------------------------- full Node objects
+
+
+def test_request_nodes_take_gpu_use_from_the_cache_and_the_rest_from_the_request() -> None:
+    cached = node_from_json(
+        builders.node_json("n1", islands="0-3,4-7", rack="r1"), CONFIG.level_labels
+    )
+    snap = snapshot([cached], [pod("a", demand(2), node="n1", indices=(0, 1))])
+    sent = builders.node_json("n1", islands="0-3,4-7", rack="r9", unhealthy="7")
+    given = decide.request_nodes(snap, [sent], CONFIG)
+    merged = given.snapshot.nodes[NodeName("n1")]
+    assert given.names == ("n1",)
+    assert free_milli(merged) == {0: 0, 1: 0, 2: 1000, 3: 1000, 4: 1000, 5: 1000, 6: 1000, 7: 1000}
+    assert merged.domains[builders.RACK_LABEL] == "r9"
+    assert [g.index for g in merged.gpus if not g.healthy] == [7]
+
+
+def test_request_nodes_keep_the_stricter_view_of_health_cordon_and_drain() -> None:
+    soon = "2026-11-29T19:00:00Z"
+    cached = node_from_json(
+        builders.node_json("n1", unhealthy="3", unschedulable=True, drain_after=soon),
+        CONFIG.level_labels,
+    )
+    sent = builders.node_json("n1", drain_after="2026-11-30T00:00:00Z")
+    merged = decide.request_nodes(snapshot([cached]), [sent], CONFIG).snapshot.nodes[NodeName("n1")]
+    assert [g.index for g in merged.gpus if not g.healthy] == [3]
+    assert merged.unschedulable
+    assert merged.drain_after == cached.drain_after
+
+
+def test_request_nodes_unknown_to_the_cache_are_unresolvable() -> None:
+    given = decide.request_nodes(snapshot([]), [builders.node_json("new")], CONFIG)
+    assert given.names == ()
+    assert given.unresolvable == {
+        "new": "node new is not in the extender's cache (not seen by its watch yet, or deleted)"
+    }
+
+
+def test_request_node_without_a_name_is_reported_not_raised() -> None:
+    nameless = builders.node_json("x")
+    del nameless["metadata"]["name"]
+    given = decide.request_nodes(snapshot([]), [nameless], CONFIG)
+    assert list(given.unresolvable) == ["Nodes.items[0]"]
+
+
+def test_the_overlay_still_shows_the_other_cached_nodes() -> None:
+    cached = [node(".... ....", "n1"), node(".... ....", "n2")]
+    given = decide.request_nodes(snapshot(cached), [builders.node_json("n1")], CONFIG)
+    assert sorted(given.snapshot.nodes) == ["n1", "n2"]
+    assert len(given.snapshot.nodes) == 2
+
+
+# ---------------------------------------------------------------- bind
+
+
+def bind_cluster(*pods: PodInfo) -> Snapshot:
+    return snapshot([node("#... ....", "n1", rack="r1"), node(".... ....", "n2", rack="r2")], pods)
+
+
+def test_plan_bind_takes_the_gpus_choose_gpus_names() -> None:
+    snap = bind_cluster(pod("p", demand(3)))
+    plan = decide.plan_bind(snap, PodKey("ns/p"), "n1", CONFIG, NOW, uid="uid-p")
+    assert plan == BindPlan(snap.pods[PodKey("ns/p")], Allocation(NodeName("n1"), (1, 2, 3), 1000))
+    assert isinstance(plan, BindPlan)
+    assert plan.gpu_indices == "1,2,3"
+
+
+def test_plan_bind_of_a_share_takes_its_milli() -> None:
+    snap = bind_cluster(pod("p", demand(milli=250)))
+    plan = decide.plan_bind(snap, PodKey("ns/p"), "n1", CONFIG, NOW)
+    assert isinstance(plan, BindPlan)
+    assert plan.allocation == Allocation(NodeName("n1"), (1,), 250)
+
+
+@pytest.mark.parametrize(
+    ("pods", "target", "uid", "reason"),
+    [
+        pytest.param(
+            [],
+            "n1",
+            "",
+            "pod ns/p is not in the extender's cache yet; retry later",
+            id="unknown-pod",
+        ),
+        pytest.param(
+            [pod("p", demand(1))],
+            "n1",
+            "other",
+            "pod ns/p in the extender's cache has UID uid-p, the binding is for UID other "
+            "(deleted and re-created?)",
+            id="recreated-pod",
+        ),
+        pytest.param(
+            [pod("p", demand(1), node="n2", indices=(0,))],
+            "n1",
+            "",
+            "pod ns/p is already bound to node n2",
+            id="already-bound",
+        ),
+        pytest.param(
+            [pod("p", demand(1))],
+            "n9",
+            "",
+            "cannot bind pod ns/p: node n9 is not in the extender's cache (not seen by its "
+            "watch yet, or deleted)",
+            id="unknown-node",
+        ),
+        pytest.param(
+            [pod("p", demand(4)), pod("q", demand(4), node="n1", indices=(4, 5, 6, 7))],
+            "n1",
+            "",
+            "cannot bind pod ns/p to node n1: 3 healthy GPUs free in island 0, pod needs 4",
+            id="gpus-taken-meanwhile",
+        ),
+    ],
+)
+def test_plan_bind_refuses_with_a_reason(
+    pods: list[PodInfo], target: str, uid: str, reason: str
+) -> None:
+    got = decide.plan_bind(bind_cluster(*pods), PodKey("ns/p"), target, CONFIG, NOW, uid=uid)
+    assert got == BindRefusal(reason)
+
+
+def test_plan_bind_rechecks_every_filter_at_bind_time() -> None:
+    drain = NOW + timedelta(minutes=30)
+    snap = snapshot([node(drain_after=drain)], [pod("p", demand(1, time_limit_s=3600))])
+    got = decide.plan_bind(snap, PodKey("ns/p"), "n1", CONFIG, NOW)
+    assert isinstance(got, BindRefusal)
+    assert "drains for maintenance" in got.reason
+
+
+def test_a_retried_bind_gets_the_gpus_it_was_assumed_with() -> None:
+    cache = cluster([node(".... ....", "n1")], [pod("p", demand(2))])
+    info = cache.snapshot().pods[PodKey("ns/p")]
+    held = Allocation(NodeName("n1"), (6, 7), 1000)
+    cache.assume(info, held)
+    assert decide.plan_bind(cache.snapshot(), info.key, "n1", CONFIG, NOW) == BindPlan(info, held)
+    other = decide.plan_bind(cache.snapshot(), info.key, "n2", CONFIG, NOW)
+    assert other == BindRefusal("pod ns/p is already being bound to node n1")
+
+
+def test_plan_bind_accepts_a_pod_the_watch_has_not_shown_yet() -> None:
+    fresh = pod("p", demand(1))
+    got = decide.plan_bind(bind_cluster(), fresh, "n2", CONFIG, NOW)
+    assert got == BindPlan(fresh, Allocation(NodeName("n2"), (0,), 1000))
+
+
+def test_a_pod_without_gpus_binds_without_an_allocation() -> None:
+    # the cache keeps GPU pods only: the pod comes from the /filter request
+    got = decide.plan_bind(bind_cluster(), pod("p", PodDemand()), "n1", CONFIG, NOW)
+    assert isinstance(got, BindPlan)
+    assert got.allocation is None
+    assert got.gpu_indices == ""
+
+
+# ---------------------------------------------------------------- preempt
+
+FULL = [
+    pod("two-a", demand(2), node="n1", indices=(0, 1)),
+    pod("two-b", demand(2), node="n1", indices=(2, 3)),
+    pod("four", demand(4), node="n1", indices=(4, 5, 6, 7)),
+    pod("half", demand(milli=500), node="n2", indices=(0,)),
+    pod("half2", demand(milli=500), node="n2", indices=(0,)),
+    pod("rest", demand(7), node="n2", indices=(1, 2, 3, 4, 5, 6, 7)),
+]
+
+
+def victims(*names: str, pdb: int = 0) -> NodeVictims:
+    return NodeVictims(tuple(Victim(f"uid-{n}") for n in names), pdb)
+
+
+def preempted(want: PodDemand, proposals: dict[str, NodeVictims]) -> dict[str, NodeVictims]:
+    snap = snapshot(
+        [
+            node(".... ....", "n1"),
+            node(".... ....", "n2"),
+            node(".... ....", "a100", product="A100"),
+        ],
+        FULL,
+    )
+    return {
+        str(k): v for k, v in decide.preempt(snap, pod("p", want), proposals, CONFIG, NOW).items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("want", "proposals", "expected"),
+    [
+        pytest.param(
+            demand(4),
+            {"n1": victims("two-a", "two-b", "four", pdb=2)},
+            {"n1": victims("four", pdb=1)},
+            id="one-victim-frees-an-island",
+        ),
+        pytest.param(
+            demand(4),
+            {"n1": victims("two-a", "two-b")},
+            {"n1": victims("two-a", "two-b")},
+            id="both-halves-of-an-island",
+        ),
+        pytest.param(
+            demand(4),
+            {"n1": victims("two-a", "four")},
+            {"n1": victims("four")},
+            id="a-useless-victim-is-spared",
+        ),
+        pytest.param(
+            demand(2),
+            {"n1": victims("four", "two-b")},
+            {"n1": victims("two-b")},
+            id="fewest-milli-among-equal-counts",
+        ),
+        pytest.param(
+            demand(4),
+            {"n1": victims("two-a")},
+            {},
+            id="not-enough-freed-drops-the-node",
+        ),
+        pytest.param(
+            demand(1),
+            {"n2": victims("half", "half2")},
+            {"n2": victims("half", "half2")},
+            id="a-shared-gpu-needs-all-its-sharers",
+        ),
+        pytest.param(demand(1), {"n2": victims("half")}, {}, id="one-sharer-is-not-enough"),
+        pytest.param(
+            demand(1),
+            {"n2": victims("half", "half2", "rest")},
+            {"n2": victims("rest")},
+            id="fewest-victims-even-if-larger",
+        ),
+        pytest.param(
+            demand(milli=500),
+            {"n2": victims("half", "half2", "rest")},
+            {"n2": victims("half")},
+            id="a-share-needs-one-sharer-gone",
+        ),
+        pytest.param(
+            demand(4),
+            {"n1": NodeVictims((Victim("uid-unknown"), Victim("uid-four")), 0)},
+            {"n1": NodeVictims((Victim("uid-unknown"), Victim("uid-four")), 0)},
+            id="victims-without-gpus-are-kept-for-kube-scheduler",
+        ),
+        pytest.param(
+            demand(4, products=("H100",)),
+            {"a100": victims(), "ghost": victims()},
+            {},
+            id="hopeless-nodes",
+        ),
+        pytest.param(
+            demand(4, products=("A100",)),
+            {"n1": victims("four")},
+            {},
+            id="product-mismatch-no-eviction-helps",
+        ),
+    ],
+)
+def test_preempt(
+    want: PodDemand, proposals: dict[str, NodeVictims], expected: dict[str, NodeVictims]
+) -> None:
+    assert preempted(want, proposals) == expected
+
+
+def test_preempt_finds_victims_by_key_when_given_whole_pods() -> None:
+    proposal = NodeVictims((Victim("uid-four", PodKey("ns/four")),))
+    assert preempted(demand(4), {"n1": proposal}) == {"n1": proposal}
+
+
+def test_preempt_counts_the_room_a_gang_gains_from_eviction() -> None:
+    nodes = [node(".... ....", "n1", rack="r1"), node(".... ....", "n2", rack="r1")]
+    held = [
+        pod("x", demand(4), node="n1", indices=(0, 1, 2, 3)),
+        pod("y", demand(4), node="n1", indices=(4, 5, 6, 7)),
+    ]
+    member = demand(4, gang="ns.g", size=3, topology="required:rack")
+    snap = snapshot(nodes, held)
+    assert decide.filter_nodes(snap, pod("m", member), ["n2"], CONFIG, NOW).failed
+    got = decide.preempt(snap, pod("m", member), {"n1": victims("x", "y")}, CONFIG, NOW)
+    assert got == {"n1": victims("x")}
+
+
+def test_preempt_settles_for_a_minimal_set_when_subsets_are_too_many() -> None:
+    snap = snapshot([node(".... ....", "n1")], FULL)
+    proposal = {"n1": victims("two-a", "two-b", "four")}
+    got = decide.preempt(snap, pod("p", demand(4)), proposal, CONFIG, NOW, max_subsets=1)
+    # greedy, sparing from the last: minimal (neither pair can be spared), not the smallest
+    assert got == {"n1": victims("two-a", "two-b")}

@@ -1,0 +1,249 @@
+"""The extender's scorers, one table each, and how ``prioritize`` puts them on the wire.
+
+A scorer's absolute value matters less than the order it puts nodes in, so most rows
+say "this node scores above that one" for a reason a cluster admin would recognise.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cluster.model import NodeName, NodeState, PodDemand
+from extender import decide
+from extender.config import ExtenderConfig, MixEntry, ScoringWeights
+from extender.plugins import (
+    MAX_SCORE,
+    NEUTRAL_SCORE,
+    Scorer,
+    fragmentation,
+    score_gang_locality,
+    score_island_fit,
+    score_node,
+    score_packing,
+)
+from tests.unit.test_extender_builders import (
+    CONFIG,
+    NOW,
+    RELAXED,
+    context,
+    demand,
+    node,
+    pod,
+    snapshot,
+)
+
+ONE = (MixEntry(gpus=1),)
+FOUR = (MixEntry(gpus=4),)
+HALF = (MixEntry(gpu_milli=500),)
+
+
+# ---------------------------------------------------------------- fragmentation (FGD)
+
+
+@pytest.mark.parametrize(
+    ("layout", "mix", "islands_required", "expected"),
+    [
+        pytest.param(".... ....", ONE, True, 0, id="empty-node-serves-single-gpus"),
+        pytest.param("5... ....", ONE, True, 500, id="half-used-gpu-strands-its-half"),
+        pytest.param("5... ....", HALF, True, 0, id="a-half-fits-a-half"),
+        pytest.param("3... ....", HALF, True, 300, id="too-small-for-a-half"),
+        pytest.param("#### ####", ONE, True, 0, id="full-node-has-nothing-to-strand"),
+        pytest.param("##.. ##..", FOUR, True, 4000, id="four-free-in-two-islands-serve-no-4"),
+        pytest.param("##.. ##..", FOUR, False, 0, id="unless-islands-are-relaxed"),
+        pytest.param("#... ....", FOUR, True, 3000, id="partial-island-stranded-for-4"),
+        pytest.param("x... ....", ONE, True, 0, id="unhealthy-gpus-are-not-capacity"),
+        pytest.param(
+            "5... ....", (MixEntry(gpus=1, weight=3), MixEntry(gpu_milli=700)), True, 500, id="mix"
+        ),
+    ],
+)
+def test_fragmentation(
+    layout: str, mix: tuple[MixEntry, ...], islands_required: bool, expected: float
+) -> None:
+    assert fragmentation(node(layout), mix, islands_required) == pytest.approx(expected)
+
+
+def scores(
+    scorer: Scorer, want: PodDemand, layouts: list[str], config: ExtenderConfig = CONFIG
+) -> list[float]:
+    ctx = context(want, config=config)
+    return [scorer(ctx, node(layout)) for layout in layouts]
+
+
+# ---------------------------------------------------------------- packing
+
+
+MIXED = ExtenderConfig(levels=CONFIG.levels)
+
+
+@pytest.mark.parametrize(
+    ("want", "better", "worse"),
+    [
+        pytest.param(demand(1), "#... ....", ".... ....", id="keep-whole-nodes-free"),
+        pytest.param(demand(1), "###. ....", "#... ....", id="finish-a-nearly-full-island"),
+        pytest.param(demand(4), "#### ....", ".... ....", id="large-job-fills-a-used-node"),
+        pytest.param(demand(milli=500), "5... ....", "7... ....", id="no-sliver-left-behind"),
+        pytest.param(demand(milli=500), "5... ....", ".... ....", id="share-packs-onto-used-gpu"),
+        pytest.param(demand(2), "##.. ....", "#... ....", id="leave-no-lone-gpu-in-an-island"),
+    ],
+)
+def test_packing_prefers(want: PodDemand, better: str, worse: str) -> None:
+    good, bad = scores(score_packing, want, [better, worse], MIXED)
+    assert good > bad
+
+
+def test_packing_is_neutral_for_a_pod_without_gpus() -> None:
+    assert scores(score_packing, PodDemand(), [".... ...."]) == [NEUTRAL_SCORE]
+
+
+def test_packing_of_a_node_that_cannot_take_the_pod_is_zero() -> None:
+    assert scores(score_packing, demand(8), ["#... ...."]) == [0.0]
+
+
+# ---------------------------------------------------------------- island fit
+
+
+@pytest.mark.parametrize(
+    ("want", "layout", "config", "expected"),
+    [
+        pytest.param(demand(2), "##.. ....", CONFIG, 10.0, id="fills-island-exactly"),
+        pytest.param(demand(2), ".... ....", CONFIG, 5.0, id="half-an-island"),
+        pytest.param(demand(1), ".... ....", CONFIG, 2.5, id="quarter-island"),
+        pytest.param(demand(8), ".... ....", CONFIG, 10.0, id="whole-node"),
+        pytest.param(demand(4), "##.. ##..", RELAXED, 5.0, id="relaxed-split-is-halved"),
+        pytest.param(demand(milli=300), "3... ....", CONFIG, 10.0, id="share-fills-gpu"),
+        pytest.param(demand(milli=300), ".... ....", CONFIG, 3.0, id="share-on-whole-gpu"),
+        pytest.param(PodDemand(), "....", CONFIG, NEUTRAL_SCORE, id="no-gpus"),
+        pytest.param(demand(4), "#### ####", CONFIG, 0.0, id="does-not-fit"),
+    ],
+)
+def test_island_fit(want: PodDemand, layout: str, config: ExtenderConfig, expected: float) -> None:
+    assert scores(score_island_fit, want, [layout], config) == [pytest.approx(expected)]
+
+
+# ---------------------------------------------------------------- gang locality
+
+
+GANG_NODES = [
+    node(".... ....", "a1", rack="r1", block="b1"),
+    node(".... ....", "a2", rack="r1", block="b1"),
+    node(".... ....", "b1", rack="r2", block="b1"),
+    node(".... ....", "c1", rack="r3", block="b2"),
+]
+
+
+def member(topology: str | None = None, size: int = 4) -> PodDemand:
+    return demand(2, gang="ns.job", size=size, topology=topology)
+
+
+def locality(want: PodDemand, placed_on: list[str]) -> dict[str, float]:
+    placed = [pod(f"m{i}", want, node=where, indices=(0, 1)) for i, where in enumerate(placed_on)]
+    ctx = context(want, snap=snapshot(GANG_NODES, placed), name="new")
+    return {n.name: score_gang_locality(ctx, n) for n in GANG_NODES}
+
+
+def test_not_a_gang_ranks_no_node_above_another() -> None:
+    ctx = context(demand(2), snap=snapshot(GANG_NODES))
+    assert {score_gang_locality(ctx, n) for n in GANG_NODES} == {0.0}
+
+
+def test_members_pull_the_next_one_closer_level_by_level() -> None:
+    got = locality(member(), ["a1"])
+    assert got["a1"] == MAX_SCORE
+    assert got["a1"] > got["a2"] > got["b1"] > got["c1"] == 0.0
+
+
+def test_preferred_level_outweighs_closeness_below_it() -> None:
+    got = locality(member("preferred:block"), ["a1", "b1"])
+    # c1 is in the other block: far below every node of block b1
+    assert min(got["a1"], got["a2"], got["b1"]) > got["c1"]
+    assert got["a1"] > got["a2"]
+
+
+def test_first_member_prefers_a_domain_with_room_for_the_gang() -> None:
+    nodes = [
+        node("#### ####", "full", rack="r1"),
+        node("##.. ....", "r1-room", rack="r1"),
+        node(".... ....", "r2-a", rack="r2"),
+        node(".... ....", "r2-b", rack="r2"),
+    ]
+    want = demand(4, gang="ns.job", size=4, topology="preferred:rack")
+    ctx = context(want, snap=snapshot(nodes), name="m0")
+    assert score_gang_locality(ctx, nodes[2]) == MAX_SCORE
+    assert score_gang_locality(ctx, nodes[1]) == pytest.approx(MAX_SCORE / 4)
+
+
+def test_first_member_without_topology_prefers_a_node_that_holds_the_gang() -> None:
+    want = demand(2, gang="ns.job", size=4)
+    ctx = context(want, snap=snapshot(GANG_NODES), name="m0")
+    assert score_gang_locality(ctx, node(".... ....", "big")) == MAX_SCORE
+    assert score_gang_locality(ctx, node("##.. ####", "small")) == pytest.approx(MAX_SCORE / 4)
+
+
+# ---------------------------------------------------------------- combined and on the wire
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        ScoringWeights(),
+        ScoringWeights(packing=1, island_fit=0, gang_locality=0),
+        ScoringWeights(packing=0, island_fit=0, gang_locality=1),
+    ],
+)
+def test_combined_score_stays_within_0_and_10(weights: ScoringWeights) -> None:
+    config = ExtenderConfig(levels=CONFIG.levels, weights=weights)
+    for layout in (".... ....", "#... ....", "5### ####", "x#x# ...."):
+        for want in (demand(1), demand(milli=500), member()):
+            score = score_node(context(want, config=config), node(layout))
+            assert 0.0 <= score <= MAX_SCORE
+
+
+def test_weights_choose_which_scorer_decides() -> None:
+    packing_only = ExtenderConfig(
+        levels=CONFIG.levels, weights=ScoringWeights(packing=1, island_fit=0, gang_locality=0)
+    )
+    ctx = context(demand(1), config=packing_only)
+    for layout in (".... ....", "#... ...."):
+        assert score_node(ctx, node(layout)) == pytest.approx(score_packing(ctx, node(layout)))
+
+
+def test_invalid_weights_are_refused() -> None:
+    with pytest.raises(ValueError, match="not all 0"):
+        ScoringWeights(packing=0, island_fit=0, gang_locality=0)
+    with pytest.raises(ValueError, match=">= 0"):
+        ScoringWeights(packing=-1)
+
+
+def prioritized(layouts: dict[str, str], want: PodDemand, config: ExtenderConfig) -> dict[str, int]:
+    nodes: list[NodeState] = [node(layout, name) for name, layout in layouts.items()]
+    snap = snapshot(nodes)
+    got = decide.prioritize(snap, pod("p", want), [*layouts, "missing"], config, NOW)
+    return dict(got)
+
+
+def test_prioritize_spreads_fitting_nodes_over_1_to_10() -> None:
+    got = prioritized(
+        {"empty": ".... ....", "used": "#... ....", "full": "#### ####"}, demand(1), CONFIG
+    )
+    assert got == {"empty": 1, "used": 10, "full": 0, "missing": 0}
+
+
+def test_prioritize_without_normalizing_rounds_each_score() -> None:
+    config = ExtenderConfig(levels=CONFIG.levels, normalize_scores=False)
+    layouts = {"empty": ".... ....", "used": "#... ...."}
+    ctx = context(demand(1), config=config)
+    expected = {name: round(score_node(ctx, node(lay, name))) for name, lay in layouts.items()}
+    assert prioritized(layouts, demand(1), config) == expected | {"missing": 0}
+
+
+def test_prioritize_gives_equal_nodes_the_top_score() -> None:
+    got = prioritized({"a": "....", "b": "...."}, demand(1), CONFIG)
+    assert got == {"a": 10, "b": 10, "missing": 0}
+
+
+def test_score_nodes_gives_none_where_the_pod_does_not_fit() -> None:
+    snap = snapshot([node("#### ####", "full"), node(".... ....", "free")])
+    got = decide.score_nodes(snap, pod("p", demand(1)), ["full", "free"], CONFIG, NOW)
+    assert got[0] == (NodeName("full"), None)
+    assert got[1][1] is not None

@@ -1,0 +1,346 @@
+"""The extender's wire format: what decodes (any key spelling Go accepts, nulls), what
+is refused with a reason (HTTP 400), and the exact shapes of every answer."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from cluster import jsonio
+from cluster.model import NodeName, PodKey
+from extender import wire
+from extender.decide import FilterOutcome, NodeVictims, Victim
+from tests import builders
+
+POD = builders.pod_json("train-0", "team-nlp", gpus=4)
+NODE_A = builders.node_json("gpu-a")
+NODE_B = builders.node_json("gpu-b")
+
+
+def body(value: Any) -> bytes:
+    return jsonio.dumps(value)
+
+
+# ---------------------------------------------------------------- ExtenderArgs
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        pytest.param(("Pod", "Nodes", "NodeNames"), id="go-names"),
+        pytest.param(("pod", "nodes", "nodeNames"), id="camel-case"),
+        pytest.param(("POD", "NODES", "nodenames"), id="any-case"),
+    ],
+)
+def test_extender_args_decode_in_any_key_case(keys: tuple[str, str, str]) -> None:
+    pod, nodes, names = keys
+    args = wire.decode_extender_args(body({pod: POD, nodes: None, names: ["gpu-a", "gpu-b"]}))
+    assert args.pod.key == PodKey("team-nlp/train-0")
+    assert args.pod.demand.gpus == 4
+    assert args.node_names == ("gpu-a", "gpu-b")
+    assert args.nodes is None
+    assert args.by_name
+
+
+def test_the_last_of_two_spellings_wins_as_in_go() -> None:
+    args = wire.decode_extender_args(
+        b'{"Pod": %s, "NodeNames": ["first"], "nodenames": ["last"]}' % body(POD)
+    )
+    assert args.node_names == ("last",)
+
+
+def test_full_nodes_are_kept_as_received() -> None:
+    node_list = {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "9"}}
+    args = wire.decode_extender_args(
+        body({"Pod": POD, "Nodes": node_list | {"items": [NODE_A, NODE_B]}, "NodeNames": None})
+    )
+    assert not args.by_name
+    assert args.nodes is not None
+    assert args.nodes.items == (NODE_A, NODE_B)
+    assert (args.nodes.kind, args.nodes.api_version) == ("NodeList", "v1")
+    assert args.nodes.metadata == {"resourceVersion": "9"}
+
+
+def test_neither_names_nor_nodes_decodes_for_the_caller_to_refuse() -> None:
+    args = wire.decode_extender_args(body({"Pod": POD}))
+    assert (args.node_names, args.nodes) == (None, None)
+
+
+def test_unknown_keys_are_ignored() -> None:
+    args = wire.decode_extender_args(body({"Pod": POD, "NodeNames": [], "Extra": {"x": 1}}))
+    assert args.node_names == ()
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        pytest.param(b"", "the body is not valid JSON", id="empty"),
+        pytest.param(b'{"Pod": ', "the body is not valid JSON", id="truncated"),
+        pytest.param(b"[]", "the body is a JSON array, not an ExtenderArgs object", id="array"),
+        pytest.param(b'"Pod"', "the body is a JSON string, not an ExtenderArgs object", id="str"),
+        pytest.param(b"null", "the body is a JSON null, not an ExtenderArgs object", id="null"),
+        pytest.param(
+            b'{"NodeNames": ["a"]}',
+            "the body is not an ExtenderArgs: Pod is missing or null",
+            id="no-pod",
+        ),
+        pytest.param(
+            b'{"Pod": null, "NodeNames": ["a"]}',
+            "the body is not an ExtenderArgs: Pod is missing or null",
+            id="null-pod",
+        ),
+        pytest.param(
+            b'{"Pod": [], "NodeNames": ["a"]}',
+            "the body is not an ExtenderArgs: Pod: Input should be a valid dictionary",
+            id="pod-not-an-object",
+        ),
+        pytest.param(
+            b'{"Pod": {"metadata": {}}, "NodeNames": ["a"]}',
+            "the body is not an ExtenderArgs: Pod: a Pod without metadata.name",
+            id="pod-without-name",
+        ),
+        pytest.param(
+            b'{"Pod": {"metadata": {"name": "p"}}, "NodeNames": "gpu-a"}',
+            "the body is not an ExtenderArgs: NodeNames: Input should be a valid list",
+            id="names-not-a-list",
+        ),
+        pytest.param(
+            b'{"Pod": {"metadata": {"name": "p"}}, "NodeNames": [1]}',
+            "the body is not an ExtenderArgs: NodeNames.0: Input should be a valid string",
+            id="name-not-a-string",
+        ),
+        pytest.param(
+            b'{"Pod": {"metadata": {"name": "p"}}, "Nodes": {"items": {}}}',
+            "the body is not an ExtenderArgs: Nodes.items: Input should be a valid list",
+            id="items-not-a-list",
+        ),
+    ],
+)
+def test_bad_extender_args_say_why(raw: bytes, reason: str) -> None:
+    with pytest.raises(wire.BadRequest) as caught:
+        wire.decode_extender_args(raw)
+    assert str(caught.value).startswith(reason)
+
+
+def test_an_oversized_body_is_refused_before_parsing() -> None:
+    with pytest.raises(wire.BadRequest, match="more than the"):
+        wire.decode_extender_args(b" " * (wire.MAX_BODY_BYTES + 1))
+
+
+# ---------------------------------------------------------------- filter answers
+
+
+def outcome(fits: tuple[str, ...] = (), **failed: str) -> FilterOutcome:
+    return FilterOutcome(
+        tuple(NodeName(n) for n in fits),
+        MappingProxyType({NodeName(k): v for k, v in failed.items() if not v.startswith("!")}),
+        MappingProxyType({NodeName(k): v[1:] for k, v in failed.items() if v.startswith("!")}),
+    )
+
+
+def test_filter_by_name_answers_names_and_never_null() -> None:
+    args = wire.decode_extender_args(body({"Pod": POD, "NodeNames": ["gpu-a"]}))
+    empty = jsonio.loads(wire.encode_filter(args, outcome(gpu_a="busy")))
+    assert empty == {
+        "NodeNames": [],
+        "FailedNodes": {"gpu_a": "busy"},
+        "FailedAndUnresolvableNodes": {},
+        "Error": "",
+    }
+    assert "Nodes" not in empty
+
+
+def test_filter_with_nodes_answers_the_fitting_items_untouched() -> None:
+    node_list = {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": [NODE_A, NODE_B]}
+    args = wire.decode_extender_args(body({"Pod": POD, "Nodes": node_list}))
+    answer = jsonio.loads(wire.encode_filter(args, outcome(("gpu-b",), gpu_a="!cordoned")))
+    assert answer == {
+        "Nodes": {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": [NODE_B]},
+        "NodeNames": None,
+        "FailedNodes": {},
+        "FailedAndUnresolvableNodes": {"gpu_a": "cordoned"},
+        "Error": "",
+    }
+
+
+def test_filter_with_nodes_keeps_the_captured_envelope() -> None:
+    """captures/022 sends ``{"metadata": {}, "items": [...]}``: no kind, no apiVersion."""
+    args = wire.decode_extender_args(
+        body({"Pod": POD, "Nodes": {"metadata": {}, "items": [NODE_A]}, "NodeNames": None})
+    )
+    answer = jsonio.loads(wire.encode_filter(args, outcome()))
+    assert answer["Nodes"] == {"metadata": {}, "items": []}
+
+
+@pytest.mark.parametrize(
+    ("by_name", "expected"),
+    [
+        (True, {"NodeNames": []}),
+        (False, {"Nodes": None, "NodeNames": None}),
+    ],
+)
+def test_filter_error_answer(by_name: bool, expected: dict[str, Any]) -> None:
+    answer = jsonio.loads(wire.encode_filter_error("it broke", by_name=by_name))
+    assert answer == expected | {
+        "FailedNodes": {},
+        "FailedAndUnresolvableNodes": {},
+        "Error": "it broke",
+    }
+
+
+# ---------------------------------------------------------------- the other verbs
+
+
+def test_priorities_are_a_host_priority_list() -> None:
+    raw = wire.encode_priorities([("gpu-a", 0), ("gpu-b", 10)])
+    assert raw == b'[{"Host":"gpu-a","Score":0},{"Host":"gpu-b","Score":10}]'
+    assert wire.decode_priorities(raw) == [("gpu-a", 0), ("gpu-b", 10)]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "n"}',
+        b'{"podname": "p", "podnamespace": "ns", "poduid": "u", "node": "n"}',
+    ],
+)
+def test_binding_args_decode_in_any_case(raw: bytes) -> None:
+    args = wire.decode_binding_args(raw)
+    assert (args.key, args.pod_uid, args.node) == (PodKey("ns/p"), "u", "n")
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        pytest.param(b'{"PodName": "p", "PodNamespace": "ns"}', "no Node", id="no-node"),
+        pytest.param(b'{"Node": "n", "PodUID": null}', "no PodName, PodNamespace", id="no-pod"),
+        pytest.param(
+            b'{"PodName": 3, "PodNamespace": "ns", "Node": "n"}',
+            "PodName: Input should be a valid string",
+            id="name-not-a-string",
+        ),
+    ],
+)
+def test_bad_binding_args_say_why(raw: bytes, reason: str) -> None:
+    with pytest.raises(wire.BadRequest, match=reason):
+        wire.decode_binding_args(raw)
+
+
+def test_a_null_pod_uid_is_empty_as_in_go() -> None:
+    args = wire.decode_binding_args(b'{"PodName":"p","PodNamespace":"ns","PodUID":null,"Node":"n"}')
+    assert args.pod_uid == ""
+
+
+def test_binding_result() -> None:
+    assert wire.encode_binding_result() == b'{"Error":""}'
+    assert wire.decode_binding_result(wire.encode_binding_result("no room")) == "no room"
+
+
+def test_preemption_args_from_meta_victims() -> None:
+    raw = body(
+        {
+            "Pod": POD,
+            "NodeNameToMetaVictims": {
+                "gpu-a": {"Pods": [{"UID": "u1"}, {"uid": "u2"}], "NumPDBViolations": 1},
+                "gpu-b": None,
+                "gpu-c": {"Pods": None},
+            },
+        }
+    )
+    args = wire.decode_preemption_args(raw)
+    assert dict(args.proposals) == {
+        "gpu-a": NodeVictims((Victim("u1"), Victim("u2")), 1),
+        "gpu-b": NodeVictims((), 0),
+        "gpu-c": NodeVictims((), 0),
+    }
+
+
+def test_preemption_args_from_whole_victim_pods() -> None:
+    victim = builders.pod_json("old-0", "team-cv", gpus=2, node="gpu-a", gpu_indices="0,1")
+    args = wire.decode_preemption_args(
+        body({"Pod": POD, "NodeNameToVictims": {"gpu-a": {"Pods": [victim]}}})
+    )
+    uid = victim["metadata"]["uid"]
+    assert dict(args.proposals) == {
+        "gpu-a": NodeVictims((Victim(uid, PodKey("team-cv/old-0")),), 0)
+    }
+
+
+def test_meta_victims_win_when_both_maps_come() -> None:
+    args = wire.decode_preemption_args(
+        body(
+            {
+                "Pod": POD,
+                "NodeNameToVictims": {"gpu-a": {"Pods": [POD]}},
+                "NodeNameToMetaVictims": {"gpu-b": {"Pods": [{"UID": "u"}]}},
+            }
+        )
+    )
+    assert list(args.proposals) == ["gpu-b"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        pytest.param(b'{"NodeNameToMetaVictims": {}}', "Pod is missing or null", id="no-pod"),
+        pytest.param(
+            b'{"Pod": {"metadata": {"name": "p"}}, "NodeNameToMetaVictims": '
+            b'{"n": {"NumPDBViolations": "1"}}}',
+            "NodeNameToMetaVictims.n.NumPDBViolations: Input should be a valid integer",
+            id="pdb-count-not-a-number",
+        ),
+        pytest.param(
+            b'{"Pod": {"metadata": {"name": "p"}}, "NodeNameToVictims": {"n": {"Pods": [{}]}}}',
+            "a victim on n has no metadata",
+            id="victim-without-metadata",
+        ),
+    ],
+)
+def test_bad_preemption_args_say_why(raw: bytes, reason: str) -> None:
+    with pytest.raises(wire.BadRequest) as caught:
+        wire.decode_preemption_args(raw)
+    assert reason in str(caught.value)
+
+
+def test_preemption_result_names_victims_by_uid() -> None:
+    chosen = {
+        NodeName("gpu-a"): NodeVictims((Victim("u1", PodKey("ns/a")),), 1),
+        NodeName("gpu-b"): NodeVictims((), 0),
+    }
+    raw = wire.encode_preemption_result(chosen)
+    assert jsonio.loads(raw) == {
+        "NodeNameToMetaVictims": {
+            "gpu-a": {"Pods": [{"UID": "u1"}], "NumPDBViolations": 1},
+            "gpu-b": {"Pods": [], "NumPDBViolations": 0},
+        }
+    }
+    assert wire.decode_preemption_result(raw) == {
+        "gpu-a": NodeVictims((Victim("u1"),), 1),
+        "gpu-b": NodeVictims((), 0),
+    }
+
+
+def test_kube_schedulers_side_round_trips() -> None:
+    raw = wire.encode_extender_args(POD, node_names=["gpu-a"])
+    assert wire.decode_extender_args(raw).node_names == ("gpu-a",)
+    raw = wire.encode_extender_args(POD, nodes=[NODE_A])
+    decoded = wire.decode_extender_args(raw)
+    assert decoded.nodes is not None
+    assert decoded.nodes.items == (NODE_A,)
+    bound = wire.decode_binding_args(wire.encode_binding_args("ns", "p", "u", "n"))
+    assert (bound.key, bound.pod_uid, bound.node) == ("ns/p", "u", "n")
+    result = wire.decode_filter_result(
+        b'{"NodeNames": ["a"], "FailedNodes": null, "FailedAndUnresolvableNodes": {"b": "x"}}'
+    )
+    assert (result.node_names, dict(result.failed), dict(result.unresolvable), result.error) == (
+        ("a",),
+        {},
+        {"b": "x"},
+        "",
+    )
+
+
+def test_bad_request_body_is_json_a_person_can_read() -> None:
+    assert jsonio.loads(wire.encode_bad_request("why")) == {"Error": "why"}
