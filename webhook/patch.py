@@ -77,25 +77,32 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def diff(original: Any, mutated: Any) -> JsonPatch:
-    """The operations that turn ``original`` into ``mutated``; empty when they are equal."""
+    """The operations that turn ``original`` into ``mutated``; empty when they are equal.
+
+    The operations' values are parts of ``mutated``, not copies (the webhook encodes the
+    patch at once): copy before changing either.
+    """
     ops: JsonPatch = []
     _diff(original, mutated, "", ops)
     return ops
 
 
 def _diff(a: Any, b: Any, path: str, ops: JsonPatch) -> None:
-    if _same(a, b):
+    if a is b:
         return
     if isinstance(a, dict) and isinstance(b, dict):
         for key in a:
             if key not in b:
                 ops.append({"op": "remove", "path": f"{path}/{escape(key)}"})
+        missing = object()
         for key, value in b.items():
-            child = f"{path}/{escape(key)}"
-            if key in a:
-                _diff(a[key], value, child, ops)
+            old = a.get(key, missing)
+            if old is value:
+                continue  # shared with the original (see Draft): unchanged
+            if old is missing:
+                ops.append({"op": "add", "path": f"{path}/{escape(key)}", "value": value})
             else:
-                ops.append({"op": "add", "path": child, "value": clone(value)})
+                _diff(old, value, f"{path}/{escape(key)}", ops)
         return
     if isinstance(a, list) and isinstance(b, list):
         if len(a) == len(b):
@@ -104,9 +111,83 @@ def _diff(a: Any, b: Any, path: str, ops: JsonPatch) -> None:
             return
         if len(b) > len(a) and all(_same(old, new) for old, new in zip(a, b, strict=False)):
             for index in range(len(a), len(b)):
-                ops.append({"op": "add", "path": f"{path}/{index}", "value": clone(b[index])})
+                ops.append({"op": "add", "path": f"{path}/{index}", "value": b[index]})
             return
-    ops.append({"op": "replace", "path": path, "value": clone(b)})
+    elif _same(a, b):
+        return
+    ops.append({"op": "replace", "path": path, "value": b})
+
+
+# ---------------------------------------------------------------- copy-on-write edits
+
+
+class Draft:
+    """An edit of a JSON object that copies only what it changes.
+
+    ``root`` starts as a shallow copy of the original; ``node(path)`` copies each map or
+    list on the way down the first time it is reached, so that a write never touches the
+    original and everything not written stays shared with it. That sharing is what
+    makes ``diff(original, draft.root)`` cheap: a subtree that is the very same object on
+    both sides is skipped without a look inside. Mutable by design, and meant to live for
+    one admission decision. Write leaves (a label, a list made anew) into the maps that
+    ``node`` returns; a value assigned that way is not walked into again.
+    """
+
+    __slots__ = ("_copied", "root")
+
+    def __init__(self, original: Mapping[str, Any]) -> None:
+        self.root: dict[str, Any] = dict(original)
+        # Every container this draft made, by path: the ones it may write into.
+        self._copied: dict[tuple[PathToken, ...], Any] = {(): self.root}
+
+    def node(self, path: Sequence[PathToken]) -> dict[str, Any]:
+        """The map at ``path``, ours to write: copied on the way, missing or null maps created."""
+        node = self._container(tuple(path))
+        if type(node) is not dict:
+            raise PatchError(f"{pointer(path)} is not an object")
+        return node
+
+    def _container(self, path: tuple[PathToken, ...]) -> Any:
+        found = self._copied.get(path)
+        if found is not None:
+            return found
+        parent = self._container(path[:-1])
+        key: Any = path[-1]
+        if type(parent) is list:
+            key = int(key)
+            child = parent[key]
+        elif type(parent) is dict:
+            child = parent.get(key)
+        else:
+            raise PatchError(f"{pointer(path[:-1])} is not an object or a list")
+        if child is None:
+            child = {}
+        elif isinstance(child, dict | list):
+            child = type(child)(child)
+        else:
+            raise PatchError(f"{pointer(path)} is a {type(child).__name__}, not an object")
+        parent[key] = child
+        self._copied[path] = child
+        return child
+
+    def get(self, path: Sequence[PathToken]) -> Any:
+        """The value at ``path`` (``None`` when absent), for reading only."""
+        node: Any = self.root
+        for token in path:
+            if type(node) is dict:
+                node = node.get(token)
+            elif type(node) is list and type(token) is int and token < len(node):
+                node = node[token]
+            else:
+                return None
+        return node
+
+    def set_default(self, path: Sequence[PathToken], key: str, value: Any) -> bool:
+        """Set ``key`` in the map at ``path`` unless it has a value; True when written."""
+        if self.get((*path, key)) is not None:
+            return False
+        self.node(path)[key] = value
+        return True
 
 
 # ---------------------------------------------------------------- application

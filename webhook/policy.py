@@ -4,9 +4,9 @@ Layer: PURE. Plain functions from (workload, policy, config) to a decision: no a
 I/O, no clock, no settings object, no aiohttp, no pydantic. ``admit`` never raises for
 anything a request can contain.
 
-CREATE mutates, UPDATE only validates. Mutation works on a copy of the object: each rule
-reads the decoded ``Workload`` (the object as the user sent it) and writes into the copy,
-keeping every value the user set. The patch is ``diff(original, copy)``
+CREATE mutates, UPDATE only validates. Mutation works on a copy-on-write ``Draft`` of the
+object: each rule reads the decoded ``Workload`` (the object as the user sent it) and
+writes into the draft, keeping every value the user set. The patch is ``diff(original, copy)``
 (``webhook.patch``). Every rule is idempotent: ``admit`` applied to its own output
 changes nothing, which is what kube-apiserver's ``reinvocationPolicy: IfNeeded`` needs.
 
@@ -17,11 +17,15 @@ The rules, in the order they run (the first denial wins):
 2. ``rule_suspend``: ``spec.suspend: true`` (Job, JobSet), or the Kueue scheduling gate
    (Pod).
 3. ``rule_priority``: the WorkloadPriorityClass label, defaulted from the queue.
-4. ``rule_flavors``: the queue's GPU flavors the job accepts; their node labels as a
-   required node affinity (ORed across flavors, ANDed with the user's), and tolerations
-   of their taints. Never ``nodeSelector``: Kueue writes that at admission.
+4. ``rule_flavors``: the queue's GPU flavors the job accepts (and where the queue could
+   get some of every GPU resource it asks for); their node labels as a required node
+   affinity (ORed across flavors, ANDed with the user's) and tolerations of their
+   taints, on the pod templates that use GPUs. Never ``nodeSelector``: Kueue writes that
+   at admission.
 5. ``rule_quota``: the GPUs asked for against the most the queue could ever get.
-6. ``rule_gang``: gang id, size and minimum on every pod template.
+6. ``rule_gang``: gang id, size and minimum on every pod template of a multi-pod
+   workload; a gang-min below the size must fit the quota on its own (all pods
+   together are rule 5's).
 7. ``rule_topology``: ``tessera.dev/topology`` names a level of the flavors' Topology;
    copied onto pod templates.
 8. ``rule_time_limit``: ``activeDeadlineSeconds`` defaulted and bounded by the queue.
@@ -71,8 +75,8 @@ from typing import Any, Final
 
 from cluster import labels
 from cluster.convert import AnnotationError, parse_topology
-from cluster.model import MILLI_PER_GPU, GangId, Taint, TopologyMode
-from webhook.patch import clone
+from cluster.model import MILLI_PER_GPU, GangId, TopologyMode
+from webhook.patch import Draft, PatchError, clone
 from webhook.queues import (
     ClusterQueue,
     Flavor,
@@ -178,43 +182,6 @@ class FlavorChoice:
 # ---------------------------------------------------------------- writing into the copy
 
 
-def _node(root: dict[str, Any], path: Path) -> dict[str, Any]:
-    """The map at ``path`` in ``root``, creating missing (or null) maps on the way."""
-    node: Any = root
-    for token in path:
-        if isinstance(node, list):
-            node = node[int(token)]
-            continue
-        child = node.get(token)
-        if child is None:
-            child = {}
-            node[token] = child
-        node = child
-    if not isinstance(node, dict):
-        raise WorkloadError(f"/{'/'.join(map(str, path))} is not an object")
-    return node
-
-
-def _set_default(root: dict[str, Any], path: Path, key: str, value: Any) -> bool:
-    """Set ``key`` at ``path`` unless the user set it; True when it was written."""
-    if _read(root, (*path, key)) is not None:
-        return False
-    _node(root, path)[key] = value
-    return True
-
-
-def _read(root: Mapping[str, Any], path: Path) -> Any:
-    node: Any = root
-    for token in path:
-        if isinstance(node, list) and isinstance(token, int) and token < len(node):
-            node = node[token]
-        elif isinstance(node, Mapping):
-            node = node.get(str(token))
-        else:
-            return None
-    return node
-
-
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
@@ -227,7 +194,7 @@ def _names(items: Iterable[str]) -> str:
 
 
 def rule_queue(
-    workload: Workload, policy: Policy, config: AdmitConfig, out: dict[str, Any]
+    workload: Workload, policy: Policy, config: AdmitConfig, out: Draft
 ) -> QueueChoice | Denied | None:
     """The LocalQueue named by the label (or the namespace's default), and its ClusterQueue.
 
@@ -254,7 +221,7 @@ def rule_queue(
                 f"{labels.QUEUE_NAME} label, and namespace {namespace} has no default "
                 f"queue; set the label to one of the {there}",
             )
-        _node(out, ("metadata", "labels"))[labels.QUEUE_NAME] = local.name
+        out.node(("metadata", "labels"))[labels.QUEUE_NAME] = local.name
     else:
         found = policy.local_queue(namespace, name)
         if found is None:
@@ -283,17 +250,17 @@ def rule_queue(
 # ---------------------------------------------------------------- rule 2: suspend
 
 
-def rule_suspend(workload: Workload, out: dict[str, Any]) -> Notes:
+def rule_suspend(workload: Workload, out: Draft) -> Notes:
     """Hold the workload for Kueue: ``spec.suspend`` (Job, JobSet) or the admission gate."""
     if workload.kind is WorkloadKind.POD:
-        spec = _node(out, ("spec",))
+        spec = out.node(("spec",))
         gates = spec.get("schedulingGates") or []
         if not any(
             isinstance(g, Mapping) and g.get("name") == labels.KUEUE_ADMISSION_GATE for g in gates
         ):
             spec["schedulingGates"] = [*gates, {"name": labels.KUEUE_ADMISSION_GATE}]
     else:
-        _node(out, ("spec",))["suspend"] = True
+        out.node(("spec",))["suspend"] = True
     return ()
 
 
@@ -301,7 +268,7 @@ def rule_suspend(workload: Workload, out: dict[str, Any]) -> Notes:
 
 
 def rule_priority(
-    workload: Workload, queue: QueueChoice, policy: Policy, out: dict[str, Any]
+    workload: Workload, queue: QueueChoice, policy: Policy, out: Draft
 ) -> Notes | Denied:
     """A named WorkloadPriorityClass must exist; none named: the queue's default."""
     name = workload.labels.get(labels.PRIORITY_CLASS)
@@ -324,7 +291,7 @@ def rule_priority(
             f"the default priority class {default} of queue {queue.local.name} does not "
             "exist; the job has no priority class (tell your cluster admin)",
         )
-    _node(out, ("metadata", "labels"))[labels.PRIORITY_CLASS] = default
+    out.node(("metadata", "labels"))[labels.PRIORITY_CLASS] = default
     return (f"priority class set to {default}, the default of queue {queue.local.name}",)
 
 
@@ -352,7 +319,7 @@ def _describe(flavors: Iterable[Flavor]) -> str:
 
 
 def rule_flavors(
-    workload: Workload, queue: QueueChoice, policy: Policy, out: dict[str, Any]
+    workload: Workload, queue: QueueChoice, policy: Policy, out: Draft
 ) -> FlavorChoice | Denied:
     """Keep the queue's GPU flavors that the job accepts; steer its GPU pods onto them."""
     resources = _gpu_resources(workload)
@@ -403,10 +370,9 @@ def rule_flavors(
     for template in workload.templates:
         if not template.uses_gpu:
             continue  # a CPU-only member (a JobSet driver) gets CPU flavors from Kueue
-        spec = _node(out, template.spec_path)
         if terms is not None:
-            merge_required_affinity(spec, terms)
-        added = add_tolerations(spec, allowed)
+            merge_required_affinity(out, template.spec_path, terms)
+        added = add_tolerations(out, template.spec_path, allowed)
         if added:
             notes.append(
                 f"tolerations added for the taints of flavors {_names(added)}: "
@@ -419,14 +385,9 @@ def _flavor_terms(flavors: Sequence[Flavor]) -> list[dict[str, Any]] | None:
     """One node-selector term per distinct flavor; ``None`` if a flavor fits any node."""
     terms: list[dict[str, Any]] = []
     for flavor in flavors:
-        if not flavor.node_labels:
+        term = flavor.selector_term
+        if term is None:
             return None
-        term = {
-            "matchExpressions": [
-                {"key": key, "operator": "In", "values": [value]}
-                for key, value in sorted(flavor.node_labels.items())
-            ]
-        }
         if term not in terms:
             terms.append(term)
     return terms
@@ -437,17 +398,24 @@ def _implies(term: Mapping[str, Any], flavor_term: Mapping[str, Any]) -> bool:
     return all(expr in have for expr in flavor_term["matchExpressions"])
 
 
+_REQUIRED: Final = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
+
+
 def merge_required_affinity(
-    spec: dict[str, Any], flavor_terms: Sequence[Mapping[str, Any]]
+    out: Draft, spec_path: Path, flavor_terms: Sequence[Mapping[str, Any]]
 ) -> None:
-    """AND the flavor terms (ORed among themselves) into the spec's required node affinity."""
-    required = _node(
-        spec, ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
-    )
-    existing = required.get("nodeSelectorTerms") or []
+    """AND the flavor terms (ORed among themselves) into a pod spec's required node affinity."""
+    existing = out.get((*spec_path, *_REQUIRED, "nodeSelectorTerms")) or []
     if not existing:
-        required["nodeSelectorTerms"] = clone(list(flavor_terms))
+        out.node((*spec_path, *_REQUIRED))["nodeSelectorTerms"] = clone(list(flavor_terms))
         return
+    if all(
+        not isinstance(term, Mapping)
+        or (not term.get("matchExpressions") and not term.get("matchFields"))
+        or any(_implies(term, f) for f in flavor_terms)
+        for term in existing
+    ):
+        return  # already means (user) AND (flavors): nothing to write
     merged: list[Any] = []
     for term in existing:
         empty = (
@@ -462,13 +430,15 @@ def merge_required_affinity(
         for flavor_term in flavor_terms:
             extra = [e for e in flavor_term["matchExpressions"] if e not in own]
             merged.append({**term, "matchExpressions": [*own, *clone(extra)]})
-    required["nodeSelectorTerms"] = merged
+    out.node((*spec_path, *_REQUIRED))["nodeSelectorTerms"] = merged
 
 
-def add_tolerations(spec: dict[str, Any], flavors: Iterable[Flavor]) -> list[str]:
+def add_tolerations(out: Draft, spec_path: Path, flavors: Iterable[Flavor]) -> list[str]:
     """Tolerate the flavors' node taints; returns the flavors that needed a new one."""
+    current = out.get((*spec_path, "tolerations"))
+    current = current if isinstance(current, list) else []
     existing = []
-    for raw in spec.get("tolerations") or []:
+    for raw in current:
         try:
             existing.append(parse_toleration(raw))
         except ValueError:
@@ -485,14 +455,8 @@ def add_tolerations(spec: dict[str, Any], flavors: Iterable[Flavor]) -> list[str
             if flavor.name not in added:
                 added.append(flavor.name)
     if new:
-        spec["tolerations"] = [*(spec.get("tolerations") or []), *new]
+        out.node(spec_path)["tolerations"] = [*current, *new]
     return added
-
-
-def tolerates_all(tolerations: Iterable[Mapping[str, Any]], taints: Iterable[Taint]) -> bool:
-    """Whether the JSON ``tolerations`` tolerate every taint (for tests and callers)."""
-    parsed = [parse_toleration(t) for t in tolerations]
-    return all(any(t.tolerates(taint) for t in parsed) for taint in taints)
 
 
 # ---------------------------------------------------------------- rule 5: quota
@@ -556,8 +520,8 @@ def _over_quota(
     asks: Sequence[GpuAsk], queue: QueueChoice, flavors: Sequence[Flavor], policy: Policy
 ) -> tuple[GpuAsk, Flavor, Limit] | None:
     """``None`` when one flavor holds every ask; else the ask and the flavor closest to it."""
-    if not asks or any(_fits(asks, queue, f, policy) for f in flavors):
-        return None
+    if not asks or not flavors or any(_fits(asks, queue, f, policy) for f in flavors):
+        return None  # no flavors at all is rule 4's denial, not a quota question
     for ask in asks:
         best = max(
             flavors, key=lambda f: policy.limit(queue.cluster.name, f.name, ask.resource).total
@@ -565,10 +529,16 @@ def _over_quota(
         limit = policy.limit(queue.cluster.name, best.name, ask.resource)
         if ask.total * 1000 > limit.total:
             return ask, best, limit
-    # Each ask fits some flavor, but no flavor holds them all: name the first ask.
-    ask = asks[0]
-    best = flavors[0]
-    return ask, best, policy.limit(queue.cluster.name, best.name, ask.resource)
+    # Each ask fits some flavor, but none holds them all (whole GPUs and shares mixed):
+    # name what does not fit in the flavor best for the first ask.
+    best = max(
+        flavors, key=lambda f: policy.limit(queue.cluster.name, f.name, asks[0].resource).total
+    )
+    for ask in asks:
+        limit = policy.limit(queue.cluster.name, best.name, ask.resource)
+        if ask.total * 1000 > limit.total:
+            return ask, best, limit
+    raise AssertionError("unreachable: the best flavor holds every ask")
 
 
 def _can_get(queue: QueueChoice, ask: GpuAsk, flavor: Flavor, limit: Limit) -> str:
@@ -676,7 +646,7 @@ def rule_gang(
     queue: QueueChoice,
     flavors: Sequence[Flavor],
     policy: Policy,
-    out: dict[str, Any],
+    out: Draft,
     *,
     request_uid: str,
 ) -> Notes | Denied:
@@ -696,8 +666,11 @@ def rule_gang(
                 queue=queue.local.name,
             )
         min_count = parsed
-    cheapest = gpu_asks(_cheapest(workload.templates, min_count))
-    over = _over_quota(cheapest, queue, flavors, policy)
+    # All pods together are rule 5's to check; fewer must fit on their own.
+    over = None
+    if min_count < size:
+        cheapest = gpu_asks(_cheapest(workload.templates, min_count))
+        over = _over_quota(cheapest, queue, flavors, policy)
     if over is not None:
         ask, flavor, limit = over
         return Denied(
@@ -738,12 +711,10 @@ def rule_gang(
                 f"{labels.GANG_MIN} once, on the {workload.kind_word}",
                 queue=queue.local.name,
             )
-        metadata = _node(out, template.metadata_path)
-        _set_default(metadata, (), "labels", {})
-        _set_default(metadata, ("labels",), labels.GANG, gid)
-        _set_default(metadata, (), "annotations", {})
-        _set_default(metadata, ("annotations",), labels.GANG_SIZE, str(size))
-        _set_default(metadata, ("annotations",), labels.GANG_MIN, str(min_count))
+        meta = template.metadata_path
+        out.set_default((*meta, "labels"), labels.GANG, gid)
+        out.set_default((*meta, "annotations"), labels.GANG_SIZE, str(size))
+        out.set_default((*meta, "annotations"), labels.GANG_MIN, str(min_count))
     return ()
 
 
@@ -804,7 +775,7 @@ def rule_topology(
     queue: QueueChoice,
     flavors: Sequence[Flavor],
     policy: Policy,
-    out: dict[str, Any],
+    out: Draft,
 ) -> Notes | Denied:
     """The topology annotation must name a level of the flavors' Topology; copied down."""
     value = workload.annotations.get(labels.TOPOLOGY)
@@ -828,16 +799,14 @@ def rule_topology(
                 notes.extend(checked)
             continue
         if value is not None:
-            metadata = _node(out, template.metadata_path)
-            _set_default(metadata, (), "annotations", {})
-            _set_default(metadata, ("annotations",), labels.TOPOLOGY, value)
+            out.set_default((*template.metadata_path, "annotations"), labels.TOPOLOGY, value)
     return tuple(dict.fromkeys(notes))
 
 
 # ---------------------------------------------------------------- rule 8: time limit
 
 
-def rule_time_limit(workload: Workload, queue: QueueChoice, out: dict[str, Any]) -> Notes | Denied:
+def rule_time_limit(workload: Workload, queue: QueueChoice, out: Draft) -> Notes | Denied:
     """``activeDeadlineSeconds`` defaulted from the queue and never above its maximum."""
     settings = queue.local.settings
     maximum = settings.max_time_limit_s
@@ -863,14 +832,14 @@ def rule_time_limit(workload: Workload, queue: QueueChoice, out: dict[str, Any])
         limit = deadline.seconds
         if limit is None and default is not None:
             limit = default
-            _node(out, deadline.spec_path)["activeDeadlineSeconds"] = default
+            out.node(deadline.spec_path)["activeDeadlineSeconds"] = default
             notes.append(
                 f"activeDeadlineSeconds set to {default} ({format_seconds(default)}), the "
                 f"default time limit of queue {queue.local.name}"
             )
         if limit is not None and workload.kind is not WorkloadKind.POD:
             template = workload.templates[index]
-            _set_default(out, template.spec_path, "activeDeadlineSeconds", limit)
+            out.set_default(template.spec_path, "activeDeadlineSeconds", limit)
     return tuple(dict.fromkeys(notes))
 
 
@@ -883,16 +852,20 @@ def _template_deadline(template: PodTemplate) -> Deadline:
 # ---------------------------------------------------------------- rule 9: scheduler
 
 
-def rule_scheduler(workload: Workload, config: AdmitConfig, out: dict[str, Any]) -> Notes:
+def rule_scheduler(workload: Workload, config: AdmitConfig, out: Draft) -> Notes:
     """Pod templates go to the extender's scheduler profile unless the user chose one."""
     for template in workload.templates:
         chosen = template.spec.get("schedulerName")
         if not chosen or chosen == DEFAULT_SCHEDULER:
-            _node(out, template.spec_path)["schedulerName"] = config.scheduler_name
+            out.node(template.spec_path)["schedulerName"] = config.scheduler_name
     return ()
 
 
 # ---------------------------------------------------------------- UPDATE
+
+
+def _shown(value: str | None) -> str:
+    return "unset" if value is None else repr(value)
 
 
 def check_update(new: Workload, old: Workload) -> Denied | None:
@@ -902,8 +875,8 @@ def check_update(new: Workload, old: Workload) -> Denied | None:
         return Denied(
             INVALID,
             "update",
-            f"label {labels.QUEUE_NAME} cannot change from {old.queue_name!r} to "
-            f"{new.queue_name!r} while {new.kind_word} {new.display_name} is admitted or "
+            f"label {labels.QUEUE_NAME} cannot change from {_shown(old.queue_name)} to "
+            f"{_shown(new.queue_name)} while {new.kind_word} {new.display_name} is admitted or "
             "running; suspend it first, or create a new one in the other queue",
             queue=queue,
         )
@@ -927,8 +900,9 @@ def check_update(new: Workload, old: Workload) -> Denied | None:
             return Denied(
                 INVALID,
                 "update",
-                f"{what}{at} cannot change after creation (was {before!r}, now {now!r}); "
-                f"delete and re-create {new.kind_word} {new.display_name} to change its gang",
+                f"{what}{at} cannot change after creation (was {_shown(before)}, now "
+                f"{_shown(now)}); delete and re-create {new.kind_word} {new.display_name} "
+                "to change its gang",
                 queue=queue,
             )
     return None
@@ -972,7 +946,7 @@ def _validate_update(request: ReviewRequest, workload: Workload, kind: WorkloadK
 
 
 def _mutate(workload: Workload, uid: str, policy: Policy, config: AdmitConfig) -> Decision:
-    out: dict[str, Any] = clone(workload.obj)
+    out = Draft(workload.obj)
     try:
         queue = rule_queue(workload, policy, config, out)
         if queue is None:
@@ -1007,6 +981,6 @@ def _mutate(workload: Workload, uid: str, policy: Policy, config: AdmitConfig) -
             if isinstance(result, Denied):
                 return result
             notes += result
-    except WorkloadError as exc:
+    except (WorkloadError, PatchError) as exc:
         return Denied(INVALID, "invalid", f"{workload.kind.value} is not valid: {exc}")
-    return Allowed(out, warnings=tuple(dict.fromkeys(notes)), queue=queue.local.name)
+    return Allowed(out.root, warnings=tuple(dict.fromkeys(notes)), queue=queue.local.name)

@@ -204,6 +204,18 @@ class Flavor:
         """The GPU model of the flavor's nodes (GFD's ``nvidia.com/gpu.product`` label)."""
         return self.node_labels.get(labels.GFD_PRODUCT)
 
+    @property
+    def selector_term(self) -> dict[str, Any] | None:
+        """A fresh node-selector term for the flavor's nodes; ``None``: it has no labels."""
+        if not self.node_labels:
+            return None
+        return {
+            "matchExpressions": [
+                {"key": key, "operator": "In", "values": [value]}
+                for key, value in sorted(self.node_labels.items())
+            ]
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class Quota:
@@ -279,8 +291,14 @@ class ClusterQueue:
     @property
     def gpu_flavors(self) -> tuple[str, ...]:
         """Flavors of the resource groups that cover a GPU resource, in queue order."""
-        names = {f for resource in GPU_RESOURCES for f in self.flavors_for(resource)}
-        return tuple(f for f in self.flavors if f in names)
+        return _gpu_flavors(self.flavors, self.covered)
+
+
+def _gpu_flavors(
+    flavors: tuple[str, ...], covered: Mapping[str, tuple[str, ...]]
+) -> tuple[str, ...]:
+    names = {f for resource in GPU_RESOURCES for f in covered.get(resource, ())}
+    return tuple(f for f in flavors if f in names)
 
 
 @dataclass(frozen=True, slots=True)

@@ -353,6 +353,8 @@ def _owners(raw: object) -> tuple[OwnerRef, ...]:
 
 
 def _map(value: object, where: str) -> Mapping[str, Any]:
+    if type(value) is dict:  # what orjson gives: skip the slower ABC check
+        return value
     if value is None:
         return _EMPTY
     if not isinstance(value, Mapping):
@@ -379,7 +381,7 @@ def _string(value: object, where: str) -> str:
 def _string_map(value: object, where: str) -> Mapping[str, str]:
     mapping = _map(value, where)
     for key, item in mapping.items():
-        if not isinstance(item, str):
+        if type(item) is not str:
             raise WorkloadError(f"{where}[{key!r}] is not a string")
     return mapping
 

@@ -12,7 +12,17 @@ from hypothesis import strategies as st
 
 from cluster import jsonio, labels
 from tests.unit.test_webhook_rules import CONFIG, POLICY, job, request
-from webhook.patch import JsonPatch, PatchError, apply_patch, diff, escape, pointer, unescape
+from webhook.patch import (
+    Draft,
+    JsonPatch,
+    PatchError,
+    apply_patch,
+    clone,
+    diff,
+    escape,
+    pointer,
+    unescape,
+)
 from webhook.policy import Allowed, admit
 from webhook.workload import WorkloadKind, workload_from_object
 
@@ -109,11 +119,34 @@ def test_diff_sends_the_smallest_sensible_operations(
     assert same_json(apply_patch(before, ops), after)
 
 
-def test_diff_copies_values_so_later_changes_cannot_leak_into_the_patch() -> None:
-    after = {"a": {"b": [1]}}
-    ops = diff({}, after)
-    after["a"]["b"].append(2)
-    assert ops == [{"op": "add", "path": "/a", "value": {"b": [1]}}]
+def test_a_draft_copies_only_the_path_it_writes_and_diffs_cheaply() -> None:
+    original = {
+        "metadata": {"labels": {"a": "1"}, "annotations": {"big": "x" * 100}},
+        "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}, "parallelism": 2},
+    }
+    snapshot = clone(original)
+    draft = Draft(original)
+    draft.node(("metadata", "labels"))["b"] = "2"
+    assert draft.set_default(("spec", "template", "metadata", "labels"), "g", "x") is True
+    assert draft.set_default(("metadata", "labels"), "a", "changed") is False
+    assert original == snapshot
+    assert draft.root["metadata"]["annotations"] is original["metadata"]["annotations"]
+    assert draft.root["spec"]["template"]["spec"] is original["spec"]["template"]["spec"]
+    assert diff(original, draft.root) == [
+        {"op": "add", "path": "/metadata/labels/b", "value": "2"},
+        {"op": "add", "path": "/spec/template/metadata", "value": {"labels": {"g": "x"}}},
+    ]
+
+
+@pytest.mark.parametrize(
+    "path", [("spec", "parallelism"), ("spec", "template", "spec", "containers", 0, "name")]
+)
+def test_a_draft_refuses_to_walk_through_a_scalar(path: tuple[str | int, ...]) -> None:
+    draft = Draft(
+        {"spec": {"parallelism": 2, "template": {"spec": {"containers": [{"name": "c"}]}}}}
+    )
+    with pytest.raises(PatchError, match="not an object"):
+        draft.node((*path, "x"))
 
 
 def test_apply_patch_leaves_its_input_alone() -> None:

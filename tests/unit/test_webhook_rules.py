@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from cluster import labels
 from cluster.model import Taint
 from tests.unit.test_webhook_queues import cq_obj, flavor_obj, lq_obj, topology_obj, wpc_obj
-from webhook.patch import clone, diff
+from webhook.patch import Draft, clone, diff
 from webhook.policy import (
     AdmitConfig,
     Allowed,
@@ -34,9 +35,8 @@ from webhook.policy import (
     rule_suspend,
     rule_time_limit,
     rule_topology,
-    tolerates_all,
 )
-from webhook.queues import Flavor, Policy, policy_from_objects
+from webhook.queues import Flavor, Policy, parse_toleration, policy_from_objects
 from webhook.workload import (
     GroupVersionKind,
     GroupVersionResource,
@@ -288,6 +288,12 @@ def at(obj: Mapping[str, Any], *path: str | int) -> Any:
     return node
 
 
+def tolerates_all(tolerations: list[dict[str, Any]], taints: list[Taint]) -> bool:
+    """Whether the JSON ``tolerations`` tolerate every taint, as kube-scheduler judges it."""
+    parsed = [parse_toleration(t) for t in tolerations]
+    return all(any(t.tolerates(taint) for t in parsed) for taint in taints)
+
+
 def denied(result: object, code: int, *fragments: str) -> None:
     """The result is a denial with this code whose message holds every fragment."""
     assert isinstance(result, Denied), result
@@ -317,15 +323,15 @@ def denied(result: object, code: int, *fragments: str) -> None:
 def test_rule_queue_allows(
     obj: dict[str, Any], config: AdmitConfig, expected: str | None, defaulted: bool
 ) -> None:
-    out = clone(obj)
+    out = Draft(obj)
     result = rule_queue(wl(obj), POLICY, config, out)
     if expected is None:
         assert result is None
-        assert out == obj
+        assert out.root == obj
         return
     assert isinstance(result, QueueChoice)
     assert (result.local.name, result.defaulted) == (expected, defaulted)
-    assert out["metadata"]["labels"][labels.QUEUE_NAME] == expected
+    assert out.root["metadata"]["labels"][labels.QUEUE_NAME] == expected
 
 
 @pytest.mark.parametrize(
@@ -360,7 +366,7 @@ def test_rule_queue_allows(
     ],
 )  # fmt: skip
 def test_rule_queue_denies(obj: dict[str, Any], config: AdmitConfig, fragments: list[str]) -> None:
-    denied(rule_queue(wl(obj), POLICY, config, clone(obj)), 403, *fragments)
+    denied(rule_queue(wl(obj), POLICY, config, Draft(obj)), 403, *fragments)
 
 
 # ---------------------------------------------------------------- rule 2: suspend
@@ -386,9 +392,9 @@ def test_rule_queue_denies(obj: dict[str, Any], config: AdmitConfig, fragments: 
 def test_rule_suspend_holds_the_workload_for_kueue(
     obj: dict[str, Any], path: tuple[str, ...], expected: Any
 ) -> None:
-    out = clone(obj)
+    out = Draft(obj)
     assert rule_suspend(wl(obj), out) == ()
-    assert at(out, *path) == expected
+    assert at(out.root, *path) == expected
 
 
 # ---------------------------------------------------------------- rule 3: priority
@@ -410,10 +416,10 @@ def test_rule_suspend_holds_the_workload_for_kueue(
 def test_rule_priority_allows(
     obj: dict[str, Any], choice: QueueChoice, label: str | None, warning: str | None
 ) -> None:
-    out = clone(obj)
+    out = Draft(obj)
     notes = rule_priority(wl(obj), choice, POLICY, out)
     assert isinstance(notes, tuple)
-    assert at(out, "metadata", "labels", labels.PRIORITY_CLASS) == label
+    assert at(out.root, "metadata", "labels", labels.PRIORITY_CLASS) == label
     assert any(warning in n for n in notes) if warning else notes == ()
 
 
@@ -421,7 +427,7 @@ def test_rule_priority_allows(
 def test_rule_priority_denies_a_class_that_does_not_exist(klass: str) -> None:
     obj = job(extra_labels={labels.PRIORITY_CLASS: klass})
     denied(
-        rule_priority(wl(obj), queue(), POLICY, clone(obj)),
+        rule_priority(wl(obj), queue(), POLICY, Draft(obj)),
         403,
         f"WorkloadPriorityClass {klass!r}",
         "use one of: high, low",
@@ -486,11 +492,11 @@ A100_TERM = {"matchExpressions": [{"key": labels.GFD_PRODUCT, "operator": "In", 
 def test_rule_flavors_steers_gpu_pods_to_the_allowed_flavors(
     obj: dict[str, Any], choice: QueueChoice, allowed: list[str], terms: list[Any] | None
 ) -> None:
-    out = clone(obj)
+    out = Draft(obj)
     result = rule_flavors(wl(obj), choice, POLICY, out)
     assert isinstance(result, FlavorChoice)
     assert [f.name for f in result.flavors] == allowed
-    spec = out["spec"]["template"]["spec"]
+    spec = out.root["spec"]["template"]["spec"]
     assert "nodeSelector" not in spec
     affinity = at(
         spec, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution"
@@ -502,10 +508,10 @@ def test_rule_flavors_steers_gpu_pods_to_the_allowed_flavors(
 
 def test_rule_flavors_leaves_cpu_only_members_alone() -> None:
     obj = jobset([("workers", 2, 2, 4), ("driver", 1, 1, None)])
-    out = clone(obj)
+    out = Draft(obj)
     assert isinstance(rule_flavors(wl(obj), queue(), POLICY, out), FlavorChoice)
     workers, driver = (
-        r["template"]["spec"]["template"]["spec"] for r in out["spec"]["replicatedJobs"]
+        r["template"]["spec"]["template"]["spec"] for r in out.root["spec"]["replicatedJobs"]
     )
     assert "affinity" in workers
     assert "tolerations" in workers
@@ -515,29 +521,29 @@ def test_rule_flavors_leaves_cpu_only_members_alone() -> None:
 
 def test_rule_flavors_warns_about_tolerations_and_adds_each_once() -> None:
     obj = job(tolerations=[{"key": "other", "operator": "Exists"}])
-    out = clone(obj)
+    out = Draft(obj)
     result = rule_flavors(wl(obj), queue(), POLICY, out)
     assert isinstance(result, FlavorChoice)
     assert result.warnings == (
         "tolerations added for the taints of flavors h100-spot: pods may run on those nodes",
     )
-    tolerations = out["spec"]["template"]["spec"]["tolerations"]
+    tolerations = out.root["spec"]["template"]["spec"]["tolerations"]
     assert tolerations == [
         {"key": "other", "operator": "Exists"},
         {"key": SPOT["key"], "operator": "Equal", "value": "true", "effect": "NoSchedule"},
     ]
-    again = clone(out)
-    second = rule_flavors(wl(out), queue(), POLICY, again)
+    again = Draft(out.root)
+    second = rule_flavors(wl(out.root), queue(), POLICY, again)
     assert isinstance(second, FlavorChoice)
     assert second.warnings == ()
-    assert again == out
+    assert again.root == out.root
 
 
 def test_an_existing_toleration_that_covers_the_taint_is_enough() -> None:
     obj = job(tolerations=[{"key": SPOT["key"], "operator": "Exists"}])
-    out = clone(obj)
+    out = Draft(obj)
     rule_flavors(wl(obj), queue(), POLICY, out)
-    assert out["spec"]["template"]["spec"]["tolerations"] == [
+    assert out.root["spec"]["template"]["spec"]["tolerations"] == [
         {"key": SPOT["key"], "operator": "Exists"}
     ]
 
@@ -563,7 +569,7 @@ def test_an_existing_toleration_that_covers_the_taint_is_enough() -> None:
 def test_rule_flavors_denies(
     obj: dict[str, Any], choice: QueueChoice, code: int, fragments: list[str]
 ) -> None:
-    denied(rule_flavors(wl(obj), choice, POLICY, clone(obj)), code, *fragments)
+    denied(rule_flavors(wl(obj), choice, POLICY, Draft(obj)), code, *fragments)
 
 
 ZONE_A = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
@@ -606,14 +612,18 @@ def test_user_affinity_is_anded_with_the_flavors(
             },
             "podAffinity": {"kept": True},
         }
-    merge_required_affinity(spec, [F1, F2])
+    original = clone(spec)
+    draft = Draft(spec)
+    merge_required_affinity(draft, (), [F1, F2])
+    assert spec == original  # the draft never writes into what it was given
+    spec = draft.root
     required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert required["nodeSelectorTerms"] == expected
     if user is not None:
         assert spec["affinity"]["podAffinity"] == {"kept": True}
-    again = clone(spec)
-    merge_required_affinity(again, [F1, F2])
-    assert again == spec
+    again = Draft(spec)
+    merge_required_affinity(again, (), [F1, F2])
+    assert again.root == spec
 
 
 # A node-selector evaluator, as kube-scheduler reads required node affinity, to check that
@@ -675,14 +685,16 @@ def test_merged_affinity_selects_exactly_user_and_any_flavor(
                 "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": clone(user)}
             }
         }
-    merge_required_affinity(spec, flavor)
+    draft = Draft(spec)
+    merge_required_affinity(draft, (), flavor)
+    spec = draft.root
     merged = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     for node in nodes:
         user_ok = _selects(user, node) if user else True
         assert _selects(merged["nodeSelectorTerms"], node) == (user_ok and _selects(flavor, node))
-    again = clone(spec)
-    merge_required_affinity(again, flavor)
-    assert again == spec
+    again = Draft(spec)
+    merge_required_affinity(again, (), flavor)
+    assert again.root == spec
 
 
 # ---------------------------------------------------------------- rule 5: quota
@@ -795,8 +807,8 @@ def test_borrowing_limit_is_named_when_it_is_the_cap() -> None:
 
 
 def _gang(obj: dict[str, Any], uid: str = "uid-1") -> tuple[Any, dict[str, Any]]:
-    out = clone(obj)
-    return rule_gang(wl(obj), queue(), ALL_GPU, POLICY, out, request_uid=uid), out
+    out = Draft(obj)
+    return rule_gang(wl(obj), queue(), ALL_GPU, POLICY, out, request_uid=uid), out.root
 
 
 @pytest.mark.parametrize(
@@ -913,8 +925,8 @@ def test_reinvocation_keeps_the_gang_id_even_with_another_uid() -> None:
 def _topology(
     obj: dict[str, Any], allowed: tuple[Flavor, ...] = ALL_GPU
 ) -> tuple[Any, dict[str, Any]]:
-    out = clone(obj)
-    return rule_topology(wl(obj), queue(), allowed, POLICY, out), out
+    out = Draft(obj)
+    return rule_topology(wl(obj), queue(), allowed, POLICY, out), out.root
 
 
 @pytest.mark.parametrize(
@@ -1005,11 +1017,11 @@ def test_rule_time_limit_defaults(
     seconds: int | None,
     warns: bool,
 ) -> None:
-    out = clone(obj)
+    out = Draft(obj)
     result = rule_time_limit(wl(obj), choice, out)
     assert isinstance(result, tuple)
     for path in paths:
-        assert at(out, *path, "activeDeadlineSeconds") == seconds
+        assert at(out.root, *path, "activeDeadlineSeconds") == seconds
     if warns:
         assert result == (
             "activeDeadlineSeconds set to 14400 (4h), the default time limit of queue research",
@@ -1025,9 +1037,9 @@ def test_the_maximum_is_the_default_when_there_is_no_default() -> None:
     local, cluster = policy.local_queue("team", "q"), policy.cluster_queue("cq")
     assert local is not None
     assert cluster is not None
-    out = clone(job())
+    out = Draft(job())
     rule_time_limit(wl(job()), QueueChoice(local, cluster), out)
-    assert out["spec"]["activeDeadlineSeconds"] == 7200
+    assert out.root["spec"]["activeDeadlineSeconds"] == 7200
 
 
 @pytest.mark.parametrize(
@@ -1050,7 +1062,7 @@ def test_the_maximum_is_the_default_when_there_is_no_default() -> None:
 def test_rule_time_limit_denies_above_the_maximum(
     obj: dict[str, Any], fragments: list[str]
 ) -> None:
-    denied(rule_time_limit(wl(obj), queue(), clone(obj)), 403, *fragments)
+    denied(rule_time_limit(wl(obj), queue(), Draft(obj)), 403, *fragments)
 
 
 # ---------------------------------------------------------------- rule 9: scheduler
@@ -1068,21 +1080,21 @@ def test_rule_time_limit_denies_above_the_maximum(
     ],
 )  # fmt: skip
 def test_rule_scheduler(obj: dict[str, Any], config: AdmitConfig, expected: str) -> None:
-    out = clone(obj)
+    out = Draft(obj)
     assert rule_scheduler(wl(obj), config, out) == ()
-    assert out["spec"]["template"]["spec"]["schedulerName"] == expected
+    assert out.root["spec"]["template"]["spec"]["schedulerName"] == expected
 
 
 def test_rule_scheduler_sets_every_template_of_a_jobset_and_the_pod_itself() -> None:
     obj = jobset([("w", 1, 2, 4), ("d", 1, 1, None)])
-    out = clone(obj)
+    out = Draft(obj)
     rule_scheduler(wl(obj), CONFIG, out)
     names = [at(r, "template", "spec", "template", "spec", "schedulerName")
-             for r in out["spec"]["replicatedJobs"]]  # fmt: skip
+             for r in out.root["spec"]["replicatedJobs"]]  # fmt: skip
     assert names == ["tessera-gpu"] * 2
-    out = clone(pod())
+    out = Draft(pod())
     rule_scheduler(wl(pod()), CONFIG, out)
-    assert out["spec"]["schedulerName"] == "tessera-gpu"
+    assert out.root["spec"]["schedulerName"] == "tessera-gpu"
 
 
 # ---------------------------------------------------------------- UPDATE
@@ -1135,7 +1147,7 @@ def test_updates_allowed(old: dict[str, Any], new: dict[str, Any]) -> None:
         pytest.param(pod(), _with(pod(), ("metadata", "labels", labels.QUEUE_NAME), "vision"),
                      "while pod notebook is admitted", id="pod-without-gate"),
         pytest.param(GANGED, _with(GANGED, ("metadata", "annotations"), {labels.GANG_MIN: "1"}),
-                     "annotation tessera.dev/gang-min cannot change after creation (was None, "
+                     "annotation tessera.dev/gang-min cannot change after creation (was unset, "
                      "now '1')", id="gang-min-added"),
         pytest.param(GANGED, _with(GANGED, ("spec", "template", "metadata", "labels", labels.GANG),
                                    "other"),
@@ -1251,3 +1263,29 @@ def test_the_first_denial_wins_and_nothing_raises(
     if isinstance(decision, Denied):
         assert decision.code in (403, 422)
         assert decision.message
+
+
+def test_whole_gpus_and_shares_must_fit_one_flavor() -> None:
+    policy = policy_from_objects(
+        [
+            flavor_obj("big", {labels.GFD_PRODUCT: H100}),
+            flavor_obj("shared", {labels.GFD_PRODUCT: A100}),
+            cq_obj(
+                "mine", {"big": {GPU: (16,), MILLI: (0,)}, "shared": {GPU: (0,), MILLI: (8000,)}}
+            ),
+            lq_obj("team", "q", "mine"),
+        ]
+    )
+    local, cluster = policy.local_queue("team", "q"), policy.cluster_queue("mine")
+    assert local is not None
+    assert cluster is not None
+    mixed = wl(jobset([("train", 1, 2, 4)]))
+    share = wl(pod(gpus=None, milli=500))
+    mixed = replace(mixed, templates=mixed.templates + share.templates)
+    found = tuple(f for f in (policy.flavor("big"), policy.flavor("shared")) if f)
+    denied(
+        rule_quota(mixed, QueueChoice(local, cluster), found, policy),
+        403,
+        f"asks for 500 milli-GPUs (1 pod {X} 500); queue q (ClusterQueue mine) can get at most "
+        "0 milli-GPUs in flavor big",
+    )
