@@ -179,7 +179,7 @@ class FlavorChoice:
     warnings: Notes = ()
 
 
-# ---------------------------------------------------------------- writing into the copy
+# ---------------------------------------------------------------- message helpers
 
 
 def _plural(count: int, word: str) -> str:
@@ -253,13 +253,14 @@ def rule_queue(
 def rule_suspend(workload: Workload, out: Draft) -> Notes:
     """Hold the workload for Kueue: ``spec.suspend`` (Job, JobSet) or the admission gate."""
     if workload.kind is WorkloadKind.POD:
-        spec = out.node(("spec",))
-        gates = spec.get("schedulingGates") or []
+        gates = out.get(("spec", "schedulingGates"))
+        gates = gates if isinstance(gates, list) else []
         if not any(
             isinstance(g, Mapping) and g.get("name") == labels.KUEUE_ADMISSION_GATE for g in gates
         ):
-            spec["schedulingGates"] = [*gates, {"name": labels.KUEUE_ADMISSION_GATE}]
-    else:
+            gate = {"name": labels.KUEUE_ADMISSION_GATE}
+            out.node(("spec",))["schedulingGates"] = [*gates, gate]
+    elif out.get(("spec", "suspend")) is not True:
         out.node(("spec",))["suspend"] = True
     return ()
 
