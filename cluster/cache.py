@@ -1,0 +1,741 @@
+"""The cluster cache: one writer, immutable snapshots for every reader.
+
+Layer: STATE. Synchronous, single-threaded and lock-free by design: the informer task
+(watch events) and the extender's bind (``assume``/``forget``) are the only writers, all
+on one event loop, and readers take a ``Snapshot`` and decide with no ``await`` in
+between. Must not do I/O, must not use asyncio, threads or locks, and must not read the
+time except through the injected ``Clock`` (for assumption TTLs).
+
+What it keeps, and why:
+
+* nodes as the watch reports them, and the same nodes with every allocation applied;
+  a change rebuilds only the node it touches, so the other ``NodeState`` objects are
+  shared between snapshots (copy-on-write);
+* GPU pods only: the watch's record of each, plus pods assumed by bind that the watch
+  has not shown yet; non-GPU pods are dropped at the door, terminal pods free their GPUs;
+* an allocation per bound or assumed pod. The watch wins over an assumption as soon as
+  it shows the pod bound; a pod bound without ``tessera.dev/gpu-indices`` is given GPUs
+  by ``pick_gpus`` so that per-GPU accounting stays whole. Allocations survive the
+  deletion of their node, so a node that comes back is accounted as before.
+
+GPU accounting is exact: ``assume`` re-checks against everything bound and assumed and
+raises ``AllocationConflict`` rather than give one GPU (or more than 1000 milli of it) to
+two pods. If the watch itself reports an over-commitment (a foreign scheduler, a restart
+mid-bind), the cache counts it, clamps free milli at 0 and records a problem.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from itertools import chain
+from types import MappingProxyType
+from typing import Generic, TypeVar
+
+from cluster import logs
+from cluster.clock import Clock
+from cluster.labels import GPU_INDICES
+from cluster.model import (
+    MILLI_PER_GPU,
+    Allocation,
+    GangId,
+    GpuDevice,
+    NodeName,
+    NodeState,
+    PodDemand,
+    PodInfo,
+    PodKey,
+)
+from cluster.snapshot import (
+    GROUP_BITS,
+    GROUP_SIZE,
+    ShardedMap,
+    Shards,
+    Snapshot,
+    empty_shards,
+    gpus_needed,
+    indices_match,
+    pick_gpus,
+    shard_of,
+)
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=str)
+V = TypeVar("V")
+
+
+class AllocationConflict(Exception):
+    """``assume`` would over-allocate: the message names the GPU and who holds it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProductCounters:
+    """GPU capacity of one product (``nvidia.com/gpu.product``) across the known nodes."""
+
+    nodes: int = 0
+    gpus: int = 0
+    healthy_gpus: int = 0
+    allocated_milli: int = 0
+    whole_free_gpus: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCounters:
+    """What a metrics endpoint reports about the cache; the last four are running totals."""
+
+    generation: int
+    nodes: int
+    pods: int
+    bound: int
+    assumed: int
+    problems: int
+    products: Mapping[str, ProductCounters]
+    assumptions_confirmed: int
+    assumptions_expired: int
+    assumptions_forgotten: int
+    assume_conflicts: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Assumption:
+    pod: PodInfo
+    allocation: Allocation
+    deadline: float
+
+
+class _CowMap(Generic[K, V]):
+    """The writer's side of a ``ShardedMap``. After ``freeze`` every shard belongs to
+    the frozen map; the first write to a shard copies that shard (tens of entries), and
+    the next ``freeze`` rebuilds only the groups that hold a copied shard."""
+
+    __slots__ = ("_dirty", "_frozen", "_frozen_groups", "_groups", "_len", "_owned")
+
+    def __init__(self) -> None:
+        start: Shards[K, V] = empty_shards()
+        self._groups: list[list[dict[K, V]]] = [list(group) for group in start]
+        self._frozen_groups: list[tuple[dict[K, V], ...]] = list(start)
+        self._owned: set[int] = set()  # shards copied since the last freeze
+        self._dirty: set[int] = set()  # groups whose frozen tuple is stale
+        self._len = 0
+        self._frozen: ShardedMap[K, V] | None = ShardedMap(start, 0)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def key_list(self) -> list[K]:
+        return list(chain.from_iterable(filter(None, chain.from_iterable(self._groups))))
+
+    # Callers pass the key's shard (``shard_of``): one pod's update touches several maps.
+    def get_at(self, i: int, key: K) -> V | None:
+        return self._groups[i >> GROUP_BITS][i & (GROUP_SIZE - 1)].get(key)
+
+    def _writable(self, i: int) -> dict[K, V]:
+        group = self._groups[i >> GROUP_BITS]
+        if i not in self._owned:
+            group[i & (GROUP_SIZE - 1)] = dict(group[i & (GROUP_SIZE - 1)])
+            self._owned.add(i)
+            self._dirty.add(i >> GROUP_BITS)
+        self._frozen = None
+        return group[i & (GROUP_SIZE - 1)]
+
+    def set_at(self, i: int, key: K, value: V) -> None:
+        shard = self._writable(i)
+        if key not in shard:
+            self._len += 1
+        shard[key] = value
+
+    def pop_at(self, i: int, key: K) -> None:
+        if key in self._groups[i >> GROUP_BITS][i & (GROUP_SIZE - 1)]:
+            del self._writable(i)[key]
+            self._len -= 1
+
+    def get(self, key: K) -> V | None:
+        return self.get_at(shard_of(key), key)
+
+    def set(self, key: K, value: V) -> None:
+        self.set_at(shard_of(key), key, value)
+
+    def pop(self, key: K) -> None:
+        self.pop_at(shard_of(key), key)
+
+    def __contains__(self, key: K) -> bool:
+        return self.get(key) is not None
+
+    def freeze(self) -> ShardedMap[K, V]:
+        if self._frozen is None:
+            for g in self._dirty:
+                self._frozen_groups[g] = tuple(self._groups[g])
+            self._dirty.clear()
+            self._owned.clear()
+            self._frozen = ShardedMap(tuple(self._frozen_groups), self._len)
+        return self._frozen
+
+
+def _placement(
+    watch: PodInfo | None, assumption: _Assumption | None
+) -> tuple[NodeName, Allocation | None] | None:
+    """Where a pod's GPUs are, from its inputs: the node, and the exact allocation or
+    None when the cache must pick GPUs for it (bound without usable indices)."""
+    if watch is not None and watch.node is not None:
+        if indices_match(watch.gpu_indices, watch.demand):
+            return watch.node, Allocation(watch.node, watch.gpu_indices, watch.demand.milli_per_gpu)
+        return watch.node, None
+    if assumption is not None:
+        return assumption.allocation.node, assumption.allocation
+    return None
+
+
+def _gang_of(pod: PodInfo | None) -> GangId | None:
+    if pod is None or pod.demand.gang is None:
+        return None
+    return pod.demand.gang.id
+
+
+def _forced_pick(base: NodeState, used: Mapping[int, int], demand: PodDemand) -> tuple[int, ...]:
+    """GPUs to count a bound pod on when none are free for it: the emptiest ones."""
+    order = sorted(base.gpus, key=lambda g: (used[g.index] - g.free_milli, g.index))
+    return tuple(sorted(g.index for g in order[: gpus_needed(demand)]))
+
+
+def _contribution(node: NodeState) -> tuple[int, int, int, int, int]:
+    """What one node adds to its product's ``ProductCounters``, field by field."""
+    healthy = allocated = whole_free = 0
+    for gpu in node.gpus:
+        healthy += gpu.healthy
+        allocated += MILLI_PER_GPU - gpu.free_milli
+        whole_free += gpu.whole_free
+    return (1, len(node.gpus), healthy, allocated, whole_free)
+
+
+class ClusterCache:
+    """Nodes and GPU pods from the watch, assumptions from bind, snapshots for readers."""
+
+    def __init__(self, clock: Clock, assume_ttl_s: float = 30.0) -> None:
+        self._clock = clock
+        self._ttl = assume_ttl_s
+        self._generation = 0
+        self._changed = False
+        # nodes as reported, and with allocations applied (what snapshots show)
+        self._base: dict[NodeName, NodeState] = {}
+        self._nodes: dict[NodeName, NodeState] = {}
+        self._nodes_view: Mapping[NodeName, NodeState] | None = None
+        # the watch's GPU pods, plus assumed pods the watch has not shown (_assume_only)
+        self._pods: _CowMap[PodKey, PodInfo] = _CowMap()
+        self._assume_only: set[PodKey] = set()
+        self._assumed: dict[PodKey, _Assumption] = {}
+        self._assumed_view: frozenset[PodKey] | None = frozenset()
+        # derived: allocations; who sits on each node, with the exact allocation or None
+        # where the cache picks the GPUs; gang members that hold an allocation
+        self._allocs: _CowMap[PodKey, Allocation] = _CowMap()
+        self._on_node: dict[NodeName, dict[PodKey, Allocation | None]] = {}
+        self._gang_members: dict[GangId, set[PodKey]] = {}
+        self._gangs: _CowMap[GangId, tuple[PodKey, ...]] = _CowMap()
+        self._dirty_nodes: dict[NodeName, None] = {}
+        self._dirty_gangs: set[GangId] = set()
+        self._node_problems: dict[NodeName, tuple[str, ...]] = {}
+        self._pod_problems: dict[PodKey, str] = {}
+        self._products: dict[str, list[int]] = {}
+        # GPUs that differ only in free milli are few; sharing them keeps node rebuilds
+        # cheap (no dataclass construction) and memory flat
+        self._gpu_pool: dict[tuple[int, int, bool, int], GpuDevice] = {}
+        self._totals = {"confirmed": 0, "expired": 0, "forgotten": 0, "conflicts": 0}
+        self._snapshot = Snapshot()
+
+    # ------------------------------------------------------------------ readers
+
+    @property
+    def generation(self) -> int:
+        """Goes up by one for every write that changed what a snapshot would show."""
+        return self._generation
+
+    def snapshot(self) -> Snapshot:
+        """The current state; the same object until the generation changes."""
+        if self._snapshot.generation != self._generation:
+            if self._nodes_view is None:
+                self._nodes_view = MappingProxyType(dict(self._nodes))
+            if self._assumed_view is None:
+                self._assumed_view = frozenset(self._assumed)
+            self._snapshot = Snapshot(
+                generation=self._generation,
+                nodes=self._nodes_view,
+                pods=self._pods.freeze(),
+                allocations=self._allocs.freeze(),
+                gangs=self._gangs.freeze(),
+                assumed=self._assumed_view,
+            )
+        return self._snapshot
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """Accounting problems right now: over-committed GPUs, unusable GPU indices."""
+        found = [p for name in sorted(self._node_problems) for p in self._node_problems[name]]
+        found += [self._pod_problems[key] for key in sorted(self._pod_problems)]
+        return tuple(found)
+
+    def counters(self) -> CacheCounters:
+        products = {
+            product: ProductCounters(*totals)
+            for product, totals in sorted(self._products.items())
+            if totals[0]
+        }
+        return CacheCounters(
+            generation=self._generation,
+            nodes=len(self._nodes),
+            pods=len(self._pods),
+            bound=len(self._allocs) - len(self._assumed),
+            assumed=len(self._assumed),
+            problems=sum(map(len, self._node_problems.values())) + len(self._pod_problems),
+            products=MappingProxyType(products),
+            assumptions_confirmed=self._totals["confirmed"],
+            assumptions_expired=self._totals["expired"],
+            assumptions_forgotten=self._totals["forgotten"],
+            assume_conflicts=self._totals["conflicts"],
+        )
+
+    # ------------------------------------------------------------------ nodes
+
+    def replace_nodes(self, nodes: Iterable[NodeState]) -> None:
+        """A relist of nodes: those not listed are deleted (their pods keep allocations)."""
+        fresh = {node.name: node for node in nodes}
+        for name in [name for name in self._base if name not in fresh]:
+            del self._base[name]
+            self._dirty_nodes[name] = None
+        for node in fresh.values():
+            self._put_node(node)
+        self._flush()
+
+    def upsert_node(self, node: NodeState) -> None:
+        self._put_node(node)
+        self._flush()
+
+    def delete_node(self, name: NodeName) -> None:
+        if self._base.pop(name, None) is not None:
+            self._dirty_nodes[name] = None
+        self._flush()
+
+    def _put_node(self, node: NodeState) -> None:
+        old = self._base.get(node.name)
+        if old == node:
+            return
+        if node.problems and (old is None or old.problems != node.problems):
+            log.warning(
+                "node annotations ignored",
+                extra=logs.fields(node=node.name, problems=list(node.problems)),
+            )
+        self._base[node.name] = node
+        self._dirty_nodes[node.name] = None
+
+    # ------------------------------------------------------------------ pods (the watch)
+
+    def replace_pods(self, pods: Iterable[PodInfo]) -> None:
+        """A relist of pods: the watch's records are replaced wholesale.
+
+        Assumptions survive unless the relist contradicts them: a pod listed as bound
+        confirms (or overrides) its assumption, a pod listed as finished cancels it. A
+        pod missing from the list keeps its assumption until the TTL: the list may have
+        been taken before the pod appeared, and dropping a live assumption could hand
+        its GPUs out twice.
+        """
+        fresh: dict[PodKey, PodInfo] = {}
+        ended: dict[PodKey, str] = {}
+        for pod in pods:
+            if pod.phase.terminal:
+                if pod.key in self._assumed:
+                    ended[pod.key] = pod.uid
+            elif pod.demand.uses_gpu:
+                fresh[pod.key] = pod
+        for key in self._pods.key_list():
+            if key not in fresh and key not in self._assume_only:
+                self._update(key, None, self._assumed.get(key))
+        for key, uid in ended.items():
+            if key not in fresh:
+                self._end(key, uid)
+        for pod in fresh.values():
+            self._observe(pod)
+        self._flush()
+
+    def upsert_pod(self, pod: PodInfo) -> None:
+        """A pod from the watch. Bound: it confirms (or overrides) any assumption."""
+        if pod.phase.terminal or not pod.demand.uses_gpu:
+            if pod.key in self._pods:
+                self._end(pod.key, pod.uid)
+                self._flush()
+            return
+        self._observe(pod)
+        self._flush()
+
+    def delete_pod(self, key: PodKey, uid: str | None = None) -> None:
+        """The pod is gone. With ``uid``, an assumption made for a newer pod of the same
+        name (deleted and re-created) is kept."""
+        if key in self._pods:
+            self._end(key, uid or "")
+            self._flush()
+
+    def _observe(self, pod: PodInfo) -> None:
+        key = pod.key
+        assumption = self._assumed.get(key)
+        if assumption is not None and pod.node is not None:
+            self._totals["confirmed"] += 1
+            if _placement(pod, None) != (assumption.allocation.node, assumption.allocation):
+                log.info(
+                    "watch placed pod differently from its assumption",
+                    extra=logs.fields(
+                        pod=key,
+                        assumed=f"{assumption.allocation.node}:{assumption.allocation}",
+                        bound=f"{pod.node}:{','.join(map(str, pod.gpu_indices))}",
+                    ),
+                )
+            assumption = None
+        if assumption is self._assumed.get(key) and self._watch(key) == pod:
+            return
+        if pod.problems:
+            old = self._pods.get(key)
+            if old is None or old.problems != pod.problems:
+                log.warning(
+                    "pod annotations ignored",
+                    extra=logs.fields(pod=key, problems=list(pod.problems)),
+                )
+        self._update(key, pod, assumption)
+
+    def _end(self, key: PodKey, uid: str) -> None:
+        """The watch says the pod ``uid`` finished or is gone."""
+        assumption = self._assumed.get(key)
+        if assumption is not None and not (
+            uid and assumption.pod.uid and assumption.pod.uid != uid
+        ):
+            assumption = None
+        self._update(key, None, assumption)
+
+    # ------------------------------------------------------------------ bind
+
+    def assume(self, pod: PodInfo, allocation: Allocation) -> None:
+        """Count ``allocation`` for ``pod`` now, before the watch confirms the binding.
+
+        Raises ``AllocationConflict`` when the GPUs are not free given everything bound
+        and assumed, the node is unknown, or the pod is already bound or assumed
+        elsewhere; ``ValueError`` when the allocation does not match the pod's demand.
+        Re-assuming the same allocation only restarts its TTL.
+        """
+        key, demand = pod.key, pod.demand
+        if not demand.uses_gpu:
+            raise ValueError(f"pod {key} uses no GPU: nothing to assume")
+        if allocation.milli_per_gpu != demand.milli_per_gpu or not indices_match(
+            allocation.indices, demand
+        ):
+            raise ValueError(
+                f"allocation {allocation.node}:{allocation} x {allocation.milli_per_gpu} milli "
+                f"does not match pod {key}'s demand of {gpus_needed(demand)} GPU(s) x "
+                f"{demand.milli_per_gpu} milli"
+            )
+        deadline = self._clock.monotonic() + self._ttl
+        watch = self._watch(key)
+        current = self._assumed.get(key)
+        try:
+            if watch is not None and watch.node is not None:
+                raise AllocationConflict(f"pod {key} is already bound to node {watch.node}")
+            if current is not None:
+                if current.allocation == allocation:
+                    self._assumed[key] = replace(current, deadline=deadline)
+                    return
+                held = current.allocation
+                raise AllocationConflict(
+                    f"pod {key} is already assumed on node {held.node} GPU(s) {held}; "
+                    "forget it first"
+                )
+            self._check_free(key, allocation)
+        except AllocationConflict:
+            self._totals["conflicts"] += 1
+            raise
+        self._update(key, watch, _Assumption(pod, allocation, deadline))
+        self._flush()
+
+    def forget(self, key: PodKey) -> bool:
+        """Drop the assumption for ``key`` (bind failed); False if there was none."""
+        if key not in self._assumed:
+            return False
+        self._totals["forgotten"] += 1
+        self._update(key, self._watch(key), None)
+        self._flush()
+        return True
+
+    def expire(self) -> list[PodKey]:
+        """Drop assumptions older than the TTL that the watch never confirmed."""
+        now = self._clock.monotonic()
+        expired = [key for key, a in self._assumed.items() if a.deadline <= now]
+        for key in expired:
+            allocation = self._assumed[key].allocation
+            log.warning(
+                "assumption expired unconfirmed",
+                extra=logs.fields(pod=key, node=allocation.node, gpus=str(allocation)),
+            )
+            self._update(key, self._watch(key), None)
+        self._totals["expired"] += len(expired)
+        self._flush()
+        return expired
+
+    def _check_free(self, key: PodKey, allocation: Allocation) -> None:
+        name = allocation.node
+        node = self._nodes.get(name)
+        if node is None:
+            raise AllocationConflict(f"node {name} is not in the cache")
+        gpus = {gpu.index: gpu for gpu in node.gpus}
+        for index in allocation.indices:
+            gpu = gpus.get(index)
+            if gpu is None:
+                raise AllocationConflict(f"node {name} has no GPU {index}")
+            if not gpu.healthy:
+                raise AllocationConflict(f"GPU {index} on node {name} is unhealthy")
+            if gpu.free_milli < allocation.milli_per_gpu:
+                raise AllocationConflict(
+                    f"GPU {index} on node {name} has {gpu.free_milli} milli free, pod {key} "
+                    f"needs {allocation.milli_per_gpu}: held by {self._holders(name, index)}"
+                )
+
+    def _holders(self, name: NodeName, index: int) -> str:
+        found = []
+        for key, exact in sorted(self._on_node.get(name, {}).items()):
+            alloc = self._allocs.get(key)
+            if alloc is not None and index in alloc.indices:
+                how = "assumed" if key in self._assumed else "bound"
+                if exact is None:
+                    how += f" without {GPU_INDICES}"
+                found.append(f"{key} ({alloc.milli_per_gpu} milli, {how})")
+        return ", ".join(found) or "nobody"
+
+    # ------------------------------------------------------------------ derived state
+
+    def _watch(self, key: PodKey) -> PodInfo | None:
+        return None if key in self._assume_only else self._pods.get(key)
+
+    def _update(self, key: PodKey, watch: PodInfo | None, assumption: _Assumption | None) -> None:
+        """Install the inputs for one pod and bring everything derived from them along."""
+        i = shard_of(key)
+        old_record = self._pods.get_at(i, key)
+        old_watch = None if key in self._assume_only else old_record
+        old_place = _placement(old_watch, self._assumed.get(key))
+
+        if assumption is None:
+            if self._assumed.pop(key, None) is not None:
+                self._assumed_view = None
+                self._changed = True
+        elif self._assumed.get(key) is not assumption:
+            self._assumed[key] = assumption
+            self._assumed_view = None
+            self._changed = True
+        if watch is None and assumption is not None:
+            self._assume_only.add(key)
+            record: PodInfo | None = assumption.pod
+        else:
+            self._assume_only.discard(key)
+            record = watch
+        if record is None:
+            if old_record is not None:
+                self._pods.pop_at(i, key)
+                self._changed = True
+        elif record is not old_record:
+            self._pods.set_at(i, key, record)
+            self._changed = True
+
+        if old_record is not None:
+            old_gang, new_gang = _gang_of(old_record), _gang_of(record)
+            if old_gang != new_gang and self._allocs.get_at(i, key) is not None:
+                self._join_gang(key, old_gang, None)
+                self._join_gang(key, None, new_gang)
+
+        if (
+            watch is not None
+            and watch.node is not None
+            and watch.gpu_indices
+            and not indices_match(watch.gpu_indices, watch.demand)
+        ):
+            self._pod_problems[key] = (
+                f"pod {key} has {GPU_INDICES}={','.join(map(str, watch.gpu_indices))}, which "
+                f"does not fit its demand of {gpus_needed(watch.demand)} GPU(s): GPUs picked"
+            )
+        elif self._pod_problems:
+            self._pod_problems.pop(key, None)
+
+        new_place = _placement(watch, assumption)
+        if new_place == old_place:
+            return
+        if old_place is not None:
+            on = self._on_node[old_place[0]]
+            del on[key]
+            if not on:
+                del self._on_node[old_place[0]]
+            self._dirty_nodes[old_place[0]] = None
+        if new_place is None:
+            self._set_alloc(i, key, None)
+            return
+        name, allocation = new_place
+        self._on_node.setdefault(name, {})[key] = allocation
+        self._dirty_nodes[name] = None
+        if allocation is not None:
+            self._set_alloc(i, key, allocation)
+        else:
+            previous = self._allocs.get_at(i, key)
+            if previous is not None and previous.node != name:
+                self._set_alloc(i, key, None)
+            # else: accounting keeps the previous GPUs if they are still free
+
+    def _set_alloc(self, i: int, key: PodKey, allocation: Allocation | None) -> None:
+        current = self._allocs.get_at(i, key)
+        if current == allocation:
+            return
+        self._changed = True
+        gang = _gang_of(self._pods.get_at(i, key))
+        if allocation is None:
+            self._allocs.pop_at(i, key)
+            self._join_gang(key, gang, None)
+        else:
+            self._allocs.set_at(i, key, allocation)
+            if current is None:
+                self._join_gang(key, None, gang)
+
+    def _join_gang(self, key: PodKey, leave: GangId | None, join: GangId | None) -> None:
+        if leave is not None:
+            members = self._gang_members.get(leave)
+            if members is not None:
+                members.discard(key)
+                if not members:
+                    del self._gang_members[leave]
+                self._dirty_gangs.add(leave)
+        if join is not None:
+            self._gang_members.setdefault(join, set()).add(key)
+            self._dirty_gangs.add(join)
+
+    def _account(self, name: NodeName) -> None:
+        """Recompute one node from its base and the pods on it: exact allocations
+        first, then GPUs for pods bound without indices (kept where they were if they
+        still fit, so they do not wander)."""
+        base = self._base.get(name)
+        if base is None:
+            self._set_node(name, None)
+            self._set_problems(name, ())
+            return
+        on = self._on_node.get(name, {})
+        capacity = {gpu.index: gpu.free_milli for gpu in base.gpus}
+        used = dict.fromkeys(capacity, 0)
+        problems: list[str] = []
+        picked_keys: list[PodKey] = []
+        for key, allocation in on.items():
+            if allocation is None:
+                picked_keys.append(key)
+                continue
+            for index in allocation.indices:
+                if index in used:
+                    used[index] += allocation.milli_per_gpu
+                else:
+                    problems.append(f"pod {key} holds GPU {index}, which node {name} lacks")
+        for key in picked_keys:
+            i = shard_of(key)
+            pod = self._pods.get_at(i, key)
+            assert pod is not None, f"{key} sits on node {name} but is not known"
+            chosen = self._pick(
+                key, pod.demand, base, capacity=capacity, used=used, problems=problems
+            )
+            self._set_alloc(i, key, chosen)
+        for index, milli in used.items():
+            if milli > capacity[index]:
+                problems.append(
+                    f"GPU {index} on node {name} is over-committed ({milli} of "
+                    f"{capacity[index]} milli): held by {self._holders(name, index)}"
+                )
+        self._set_node(name, self._with_used(base, used))
+        self._set_problems(name, tuple(problems))
+
+    def _pick(
+        self,
+        key: PodKey,
+        demand: PodDemand,
+        base: NodeState,
+        *,
+        capacity: Mapping[int, int],
+        used: dict[int, int],
+        problems: list[str],
+    ) -> Allocation:
+        milli = demand.milli_per_gpu
+        previous = self._allocs.get(key)
+        if (
+            previous is not None
+            and previous.node == base.name
+            and previous.milli_per_gpu == milli
+            and indices_match(previous.indices, demand)
+            and all(i in used and used[i] + milli <= capacity[i] for i in previous.indices)
+        ):
+            indices = previous.indices
+        else:
+            found = pick_gpus(self._with_used(base, used), demand)
+            if found is None:
+                found = _forced_pick(base, used, demand)
+                problems.append(
+                    f"pod {key} is bound to node {base.name} without {GPU_INDICES} and no "
+                    f"GPUs are free for it: counted on GPU(s) {','.join(map(str, found))}"
+                )
+            indices = found
+            previous = None
+        for index in indices:
+            used[index] += milli
+        return previous or Allocation(base.name, indices, milli)
+
+    def _set_node(self, name: NodeName, node: NodeState | None) -> None:
+        old = self._nodes.get(name)
+        if old is node:
+            return
+        for state, sign in ((old, -1), (node, 1)):
+            if state is not None:
+                totals = self._products.setdefault(state.product, [0] * 5)
+                for i, part in enumerate(_contribution(state)):
+                    totals[i] += sign * part
+        if node is None:
+            del self._nodes[name]
+        else:
+            self._nodes[name] = node
+        self._nodes_view = None
+        self._changed = True
+
+    def _with_used(self, base: NodeState, used: Mapping[int, int]) -> NodeState:
+        if not any(used.values()):
+            return base
+        pool = self._gpu_pool
+        gpus = []
+        for gpu in base.gpus:
+            taken = used[gpu.index]
+            if not taken:
+                gpus.append(gpu)
+                continue
+            shape = (gpu.index, gpu.island, gpu.healthy, max(0, gpu.free_milli - taken))
+            gpus.append(pool.get(shape) or pool.setdefault(shape, GpuDevice(*shape)))
+        return replace(base, gpus=tuple(gpus))
+
+    def _set_problems(self, name: NodeName, problems: tuple[str, ...]) -> None:
+        old = self._node_problems.get(name, ())
+        if problems == old:
+            return
+        if problems:
+            self._node_problems[name] = problems
+            log.warning("gpu accounting problem", extra=logs.fields(node=name, problems=problems))
+        else:
+            del self._node_problems[name]
+
+    def _flush(self) -> None:
+        """Finish a write: account touched nodes, re-sort touched gangs, bump the
+        generation if a reader could see a difference."""
+        while self._dirty_nodes:
+            name = next(iter(self._dirty_nodes))
+            del self._dirty_nodes[name]
+            self._account(name)
+        for gang in self._dirty_gangs:
+            members = self._gang_members.get(gang)
+            if members:
+                sorted_members = tuple(sorted(members))
+                if self._gangs.get(gang) != sorted_members:
+                    self._gangs.set(gang, sorted_members)
+            else:
+                self._gangs.pop(gang)
+        self._dirty_gangs.clear()
+        if self._changed:
+            self._changed = False
+            self._generation += 1

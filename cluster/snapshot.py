@@ -1,0 +1,224 @@
+"""One consistent, immutable view of the cluster, and the GPU arithmetic over it.
+
+Layer: PURE. No async, no I/O, no clock, no settings, no aiohttp or kubernetes_asyncio,
+and no import of the cache that produces snapshots. A ``Snapshot`` is what every reader
+decides against: take one, decide, and never ``await`` in between. Nothing in a snapshot
+changes after it is handed out; the cache builds the next one by sharing what did not
+change (whole ``NodeState`` objects, whole shards of the pod maps).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from itertools import chain
+from types import MappingProxyType
+from typing import Generic, TypeVar, overload
+
+from cluster.model import (
+    MILLI_PER_GPU,
+    Allocation,
+    GangId,
+    GpuDevice,
+    NodeName,
+    NodeState,
+    PodDemand,
+    PodInfo,
+    PodKey,
+)
+
+K = TypeVar("K", bound=str)
+V = TypeVar("V")
+D = TypeVar("D")
+
+SHARD_BITS = 12
+SHARDS = 1 << SHARD_BITS
+"""Pod-sized maps are split in 4,096 shards (about 37 entries each at 150,000 pods)."""
+
+GROUP_BITS = 6
+GROUP_SIZE = 1 << GROUP_BITS
+"""Shards are grouped 64 to a tuple, 64 tuples to a map: freezing a map after a change
+builds one 64-tuple per touched group plus the top one, not a 4,096-tuple."""
+
+Shards = tuple[tuple[dict[K, V], ...], ...]
+
+
+def shard_of(key: str) -> int:
+    """The shard a key lives in.
+
+    crc32 rather than ``hash()``: str hashes are salted per process, and a map's iteration
+    order should not change from one run (or one load test) to the next.
+    """
+    return zlib.crc32(key.encode()) & (SHARDS - 1)
+
+
+def empty_shards() -> Shards[K, V]:
+    """Every shard the same empty dict: fine, because nobody writes to a frozen shard."""
+    nothing: dict[K, V] = {}
+    group = (nothing,) * GROUP_SIZE
+    return (group,) * (SHARDS // GROUP_SIZE)
+
+
+class ShardedMap(Mapping[K, V], Generic[K, V]):
+    """A read-only mapping over ``SHARDS`` dicts that nobody mutates any more.
+
+    Copying a 150,000-entry dict costs milliseconds (every key and value is touched);
+    the cache instead hands out its shards and, on its next write, copies only the one
+    shard it writes to. Iteration goes shard by shard, each in insertion order:
+    deterministic, but not sorted.
+    """
+
+    __slots__ = ("_groups", "_len")
+
+    def __init__(self, groups: Shards[K, V], length: int) -> None:
+        if len(groups) * GROUP_SIZE != SHARDS:
+            raise ValueError(f"a ShardedMap needs {SHARDS // GROUP_SIZE} groups of shards")
+        self._groups = groups
+        self._len = length
+
+    @classmethod
+    def empty(cls) -> ShardedMap[K, V]:
+        return cls(empty_shards(), 0)
+
+    @classmethod
+    def of(cls, items: Mapping[K, V]) -> ShardedMap[K, V]:
+        groups: list[list[dict[K, V]]] = [
+            [{} for _ in range(GROUP_SIZE)] for _ in range(SHARDS // GROUP_SIZE)
+        ]
+        for key, value in items.items():
+            i = shard_of(key)
+            groups[i >> GROUP_BITS][i & (GROUP_SIZE - 1)][key] = value
+        return cls(tuple(tuple(group) for group in groups), len(items))
+
+    def _shard(self, key: str) -> dict[K, V]:
+        i = shard_of(key)
+        return self._groups[i >> GROUP_BITS][i & (GROUP_SIZE - 1)]
+
+    def __getitem__(self, key: K) -> V:
+        return self._shard(key)[key]
+
+    @overload
+    def get(self, key: K, /) -> V | None: ...
+    @overload
+    def get(self, key: K, default: V | D, /) -> V | D: ...
+    def get(self, key: K, default: object = None, /) -> object:
+        return self._shard(key).get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key in self._shard(key)
+
+    def __iter__(self) -> Iterator[K]:
+        # most shards of a small map are empty: skip them before making an iterator each
+        return chain.from_iterable(filter(None, chain.from_iterable(self._groups)))
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        return f"ShardedMap({len(self)} entries)"
+
+
+def _no_nodes() -> Mapping[NodeName, NodeState]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The cluster at one generation.
+
+    * ``nodes``: every known node; each GPU's ``free_milli`` already reflects all bound
+      and assumed allocations (clamped at 0 if the watch reported an over-commitment).
+    * ``pods``: GPU pods the cache knows, bound or pending (terminal pods are gone).
+    * ``allocations``: GPUs held by bound and assumed pods. An allocation may name a node
+      that is not in ``nodes`` (deleted, or not seen yet): it is kept for when it returns.
+    * ``gangs``: per gang, the members that hold an allocation, sorted by key.
+    * ``assumed``: pods whose allocation comes from ``assume`` and not yet from the watch.
+    """
+
+    generation: int = 0
+    nodes: Mapping[NodeName, NodeState] = field(default_factory=_no_nodes)
+    pods: Mapping[PodKey, PodInfo] = field(default_factory=ShardedMap.empty)
+    allocations: Mapping[PodKey, Allocation] = field(default_factory=ShardedMap.empty)
+    gangs: Mapping[GangId, tuple[PodKey, ...]] = field(default_factory=ShardedMap.empty)
+    assumed: frozenset[PodKey] = frozenset()
+
+    def gang_nodes(self, gang: GangId) -> tuple[NodeName, ...]:
+        """Nodes holding the gang's placed or assumed members, one entry per member."""
+        return tuple(self.allocations[key].node for key in self.gangs.get(gang, ()))
+
+
+def gpus_needed(demand: PodDemand) -> int:
+    """How many GPU indices a pod's allocation names: ``gpus``, or 1 for a share."""
+    if demand.gpus:
+        return demand.gpus
+    return 1 if demand.gpu_milli else 0
+
+
+def indices_match(indices: tuple[int, ...], demand: PodDemand) -> bool:
+    """Whether ``indices`` can be the allocation of ``demand``: right count, distinct."""
+    needed = gpus_needed(demand)
+    if needed == 0 or len(indices) != needed:
+        return False
+    if needed == 1:
+        return indices[0] >= 0
+    return min(indices) >= 0 and len(set(indices)) == needed
+
+
+def apply_allocation(node: NodeState, allocation: Allocation, sign: int) -> NodeState:
+    """``node`` with ``allocation`` taken (``sign=1``) or given back (``sign=-1``).
+
+    Free milli stays within 0..1000: taking from a full GPU clamps at 0 and returning to
+    an empty one clamps at 1000, so callers simulating a placement (or the eviction of
+    victims) never see an impossible GPU. Unknown GPU indices or a different node are a
+    caller's mistake and raise ``ValueError``.
+    """
+    if sign not in (1, -1):
+        raise ValueError(f"sign must be 1 or -1, got {sign}")
+    if allocation.node != node.name:
+        raise ValueError(f"allocation is for node {allocation.node}, not {node.name}")
+    wanted = set(allocation.indices)
+    delta = -sign * allocation.milli_per_gpu
+    gpus: list[GpuDevice] = []
+    for gpu in node.gpus:
+        if gpu.index in wanted:
+            wanted.discard(gpu.index)
+            free = min(MILLI_PER_GPU, max(0, gpu.free_milli + delta))
+            gpus.append(GpuDevice(gpu.index, gpu.island, gpu.healthy, free))
+        else:
+            gpus.append(gpu)
+    if wanted:
+        missing = ",".join(str(i) for i in sorted(wanted))
+        raise ValueError(f"node {node.name} has no GPU {missing}")
+    return replace(node, gpus=tuple(gpus))
+
+
+def pick_gpus(node: NodeState, demand: PodDemand) -> tuple[int, ...] | None:
+    """A simple deterministic choice of GPUs for ``demand`` on ``node``, or None.
+
+    Whole GPUs: the lowest-index whole-free healthy GPUs, from one NVLink island when
+    some island has enough of them (the first such island). A share: the healthy GPU
+    with the least free milli that still holds it, lowest index on ties. A demand with
+    no GPU gets ``()``. This accounts pods bound without ``tessera.dev/gpu-indices``;
+    placement quality is the extender's business, not this function's.
+    """
+    if demand.gpus > 0:
+        free = sorted((g for g in node.gpus if g.whole_free), key=lambda g: g.index)
+        if len(free) < demand.gpus:
+            return None
+        by_island: dict[int, list[int]] = {}
+        for gpu in free:
+            by_island.setdefault(gpu.island, []).append(gpu.index)
+        for island in sorted(by_island):
+            if len(by_island[island]) >= demand.gpus:
+                return tuple(by_island[island][: demand.gpus])
+        return tuple(g.index for g in free[: demand.gpus])
+    if demand.gpu_milli > 0:
+        best: GpuDevice | None = None
+        for gpu in node.gpus:
+            if not gpu.healthy or gpu.free_milli < demand.gpu_milli:
+                continue
+            if best is None or (gpu.free_milli, gpu.index) < (best.free_milli, best.index):
+                best = gpu
+        return None if best is None else (best.index,)
+    return ()
