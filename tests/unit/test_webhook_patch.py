@@ -120,7 +120,7 @@ def test_diff_sends_the_smallest_sensible_operations(
 
 
 def test_a_draft_copies_only_the_path_it_writes_and_diffs_cheaply() -> None:
-    original = {
+    original: dict[str, Any] = {
         "metadata": {"labels": {"a": "1"}, "annotations": {"big": "x" * 100}},
         "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}, "parallelism": 2},
     }
