@@ -21,7 +21,6 @@ import base64
 import contextlib
 import copy
 import datetime as dt
-import ipaddress
 import ssl
 import uuid
 from collections import deque
@@ -31,12 +30,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
-import orjson
 from aiohttp import web
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from cluster import jsonio
+from cluster.tls import server_context
+from tests.certfiles import make_material
 
 Obj = dict[str, Any]
 GROUP_VERSION = r"{gv:api/v1|apis/[^/]+/[^/]+}"
@@ -55,7 +53,7 @@ class Recorded:
     body: bytes
 
     def json(self) -> Any:
-        return orjson.loads(self.body)
+        return jsonio.loads(self.body)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +90,7 @@ def status_body(code: int, reason: str, message: str) -> Obj:
 
 
 def _json_response(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+    return web.Response(body=jsonio.dumps(body), status=status, content_type="application/json")
 
 
 def _status_response(code: int, reason: str, message: str) -> web.Response:
@@ -100,7 +98,7 @@ def _status_response(code: int, reason: str, message: str) -> web.Response:
 
 
 def _line(event: str, obj: Obj) -> bytes:
-    return orjson.dumps({"type": event, "object": obj}) + b"\n"
+    return jsonio.dumps({"type": event, "object": obj}) + b"\n"
 
 
 def object_key(obj: Obj) -> str:
@@ -508,7 +506,7 @@ class FakeApiServer:
         return _json_response(obj)
 
     async def _create(self, request: web.Request) -> web.StreamResponse:
-        obj = orjson.loads(await request.read())
+        obj = jsonio.loads(await request.read())
         meta = obj.setdefault("metadata", {})
         if "namespace" in request.match_info:
             meta["namespace"] = request.match_info["namespace"]
@@ -527,7 +525,7 @@ class FakeApiServer:
         if current is None:
             return _status_response(404, "NotFound", f"{key} not found")
         content_type = request.headers.get("Content-Type", "")
-        body = orjson.loads(await request.read())
+        body = jsonio.loads(await request.read())
         try:
             if content_type == "application/json-patch+json":
                 patched = json_patch(current, body)
@@ -554,7 +552,7 @@ class FakeApiServer:
         pod = self.store.get("/api/v1/pods", {}).get(f"{namespace}/{name}")
         if pod is None:
             return _status_response(404, "NotFound", f'pods "{name}" not found')
-        node = orjson.loads(await request.read()).get("target", {}).get("name", "")
+        node = jsonio.loads(await request.read()).get("target", {}).get("name", "")
         bound = pod.get("spec", {}).get("nodeName")
         if bound:
             return _status_response(
@@ -597,7 +595,8 @@ def _abort(request: web.Request) -> None:
 
 @dataclass(frozen=True, slots=True)
 class TlsFiles:
-    """A throwaway CA, a serving certificate for 127.0.0.1/localhost and a client cert."""
+    """A throwaway CA, a serving certificate for 127.0.0.1/localhost and a client cert,
+    made by the ``certs`` package like every other certificate in the tests."""
 
     ca_cert: Path
     server_cert: Path
@@ -606,100 +605,20 @@ class TlsFiles:
     client_key: Path
 
     def server_context(self, *, require_client_cert: bool = False) -> ssl.SSLContext:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.server_cert, self.server_key)
-        if require_client_cert:
-            context.load_verify_locations(self.ca_cert)
-            context.verify_mode = ssl.CERT_REQUIRED
-        return context
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _issue(
-    subject: str,
-    key: ec.EllipticCurvePrivateKey,
-    issuer: tuple[x509.Certificate, ec.EllipticCurvePrivateKey] | None,
-    *,
-    ca: bool = False,
-    usage: x509.ObjectIdentifier | None = None,
-    sans: list[x509.GeneralName] | None = None,
-) -> x509.Certificate:
-    now = dt.datetime.now(dt.UTC)
-    issuer_name = issuer[0].subject if issuer else _name(subject)
-    signing_key = issuer[1] if issuer else key
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(subject))
-        .issuer_name(issuer_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(signing_key.public_key()),
-            critical=False,
-        )
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=ca,
-                crl_sign=ca,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-    )
-    if usage is not None:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
-    if sans:
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-    return builder.sign(signing_key, hashes.SHA256())
-
-
-def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey | None) -> None:
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    if key is not None:
-        path.with_suffix(".key").write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
+        return server_context(
+            self.server_cert,
+            self.server_key,
+            client_ca=self.ca_cert if require_client_cert else None,
         )
 
 
-def make_tls(directory: Path, *, client_name: str = "tessera-test") -> TlsFiles:
+def make_tls(directory: Path) -> TlsFiles:
     """Write a fresh CA and certificates signed by it into ``directory``."""
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = _issue("fake-apiserver-ca", ca_key, None, ca=True)
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    server = _issue(
-        "fake-apiserver",
-        server_key,
-        (ca, ca_key),
-        usage=ExtendedKeyUsageOID.SERVER_AUTH,
-        sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
-    )
-    client_key = ec.generate_private_key(ec.SECP256R1())
-    client = _issue(client_name, client_key, (ca, ca_key), usage=ExtendedKeyUsageOID.CLIENT_AUTH)
-    directory.mkdir(parents=True, exist_ok=True)
-    _write(directory / "ca.crt", ca, None)
-    _write(directory / "server.crt", server, server_key)
-    _write(directory / "client.crt", client, client_key)
+    material = make_material(directory)
     return TlsFiles(
-        ca_cert=directory / "ca.crt",
-        server_cert=directory / "server.crt",
-        server_key=directory / "server.key",
-        client_cert=directory / "client.crt",
-        client_key=directory / "client.key",
+        ca_cert=material["ca.crt"],
+        server_cert=material["webhook.crt"],
+        server_key=material["webhook.key"],
+        client_cert=material["kube-scheduler.crt"],
+        client_key=material["kube-scheduler.key"],
     )
