@@ -24,8 +24,15 @@ table). Must not be imported by the servers or run by pytest.
    and RSS from ``/proc``, webhook/baseline ratios, the targets of issue 4) and, with
    ``--json``, writes the same as JSON.
 
-Everything is bounded: requests per step, seconds per step, steps per search, and a
-request timeout; the default run takes about three minutes.
+Everything is bounded: requests per step, seconds per step, steps per search, a search
+time budget and a request timeout; the default run takes two to three minutes.
+
+On a shared machine the neighbours' processes take turns on the pinned cores, and their
+time slices show up as milliseconds of tail latency for both servers. The figures to
+quote are therefore the ratios to the baseline measured in the same run, and the server
+CPU per review (from ``/proc``), which queueing does not distort. ``--nice -10`` (root)
+gives the servers and the generator sessions of their own at a higher priority, which
+keeps most of the neighbours off the pinned cores for the few minutes of a run.
 """
 
 from __future__ import annotations
@@ -393,6 +400,7 @@ class Server:
     port: int
     core: int
     log_path: Path
+    nice: int = 0
     process: subprocess.Popen[bytes] | None = None
     memory: dict[str, dict[str, int]] = field(default_factory=dict)
     """Named moments (``idle``, ``warm``, ``end``) → VmRSS/VmHWM."""
@@ -416,8 +424,11 @@ class Server:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a scheduler autogroup of its own, see set_priority
         )
         stack.callback(self.stop)
+        if self.nice:
+            set_priority(self.process.pid, self.nice)
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -435,6 +446,16 @@ class Server:
 
     def note_memory(self, moment: str) -> None:
         self.memory[moment] = proc_memory(self.pid)
+
+
+def set_priority(pid: int, nice: int) -> None:
+    """Give a process (the leader of its own session) niceness ``nice``. Where the kernel
+    groups processes by session ("autogroup") it shares the CPU between sessions before
+    it looks at a process's niceness, so the session's group gets it too."""
+    os.setpriority(os.PRIO_PROCESS, pid, nice)
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    if autogroup.exists():
+        autogroup.write_text(str(nice))
 
 
 def free_port() -> int:
@@ -498,6 +519,7 @@ class StepSpec:
     duration_s: float
     connections: int
     core: int
+    nice: int
     timeout_s: float
     max_lag_s: float
     max_requests: int
@@ -603,6 +625,9 @@ async def _generate(spec: StepSpec) -> tuple[RunResult, float, float]:
 def _generator_process(spec: StepSpec, pipe: Connection) -> None:
     """The load generator's process: pinned to its own core, one step, results back."""
     os.sched_setaffinity(0, {spec.core})
+    if spec.nice:
+        os.setsid()
+        set_priority(os.getpid(), spec.nice)
     gc.freeze()  # what was imported stays out of the collector's way during the run
     try:
         run, server_cpu, own = uvloop.run(_generate(spec))
@@ -683,6 +708,9 @@ class SearchPlan:
     refine: int
     max_steps: int
     duration_s: float
+    retry: bool = True
+    """Run a failed step once more before believing it: on a shared machine one bad step
+    may be a neighbour's burst rather than the server's limit."""
 
 
 def search(
@@ -692,7 +720,8 @@ def search(
     out_of_time: Callable[[], bool],
 ) -> list[StepResult]:
     """Multiply the rate by ``factor`` until a step fails, then bisect ``refine`` times
-    between the last rate sustained and the first one not."""
+    between the last rate sustained and the first one not (a failed step is run twice
+    with ``retry``; either passing counts). Bounded by ``max_steps`` and ``out_of_time``."""
     results: list[StepResult] = []
     good, bad = 0.0, math.inf
     rate = plan.start
@@ -700,6 +729,9 @@ def search(
     while len(results) < plan.max_steps and not out_of_time():
         result = criteria.judge(step(rate))
         results.append(result)
+        if not result.passed and plan.retry and len(results) < plan.max_steps:
+            result = criteria.judge(step(rate))
+            results.append(result)
         if result.passed:
             good = max(good, rate)
         else:
@@ -744,11 +776,18 @@ class InProcess:
     profile: str = ""
 
 
-def _per_call(clock: Clock, call: Callable[[Any], object], items: Sequence[Any]) -> float:
-    start = clock.monotonic()
-    for item in items:
-        call(item)
-    return (clock.monotonic() - start) / max(1, len(items))
+def _per_call(
+    clock: Clock, call: Callable[[Any], object], items: Sequence[Any], repeat: int = 5
+) -> float:
+    """Seconds per call, the best of ``repeat`` passes (as ``timeit`` does): on a shared
+    machine the slower passes measure the neighbours."""
+    best = math.inf
+    for _ in range(repeat):
+        start = clock.monotonic()
+        for item in items:
+            call(item)
+        best = min(best, (clock.monotonic() - start) / max(1, len(items)))
+    return best
 
 
 def measure_in_process(
@@ -888,7 +927,8 @@ class Report:
         )
         yield (
             f"servers pinned to CPU {args.server_core}, load generator to CPU "
-            f"{args.client_core}; latency is measured from each request's intended send time"
+            f"{args.client_core}{f' (nice {args.nice})' if args.nice else ''}; latency is "
+            "measured from each request's intended send time"
         )
         for server in self.servers.values():
             yield f"  {server.name:<9} {server.command}"
@@ -929,7 +969,7 @@ class Report:
         if self.in_process is not None:
             ip = self.in_process
             yield ""
-            yield "== in process (no HTTP, no TLS), per call =="
+            yield "== in process (no HTTP, no TLS), per call, best of 5 passes =="
             calls = f"({ip.reviews:,} calls)"
             yield f"review() as the server calls it   {ip.review_s * 1e6:>7.0f} us  {calls}"
             for name, seconds in ip.stages:
@@ -1087,7 +1127,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--search-start", type=float, default=1000.0, help="first search rate (1000)")
     add("--search-factor", type=float, default=1.5, help="rate multiplier per step (1.5)")
     add("--refine", type=int, default=3, help="bisection steps after the first failure (3)")
-    add("--max-steps", type=int, default=14, help="search steps per server at most (14)")
+    add(
+        "--retry",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run a failed search step once more before believing it",
+    )
+    add("--max-steps", type=int, default=16, help="search steps per server at most (16)")
     add("--step-duration", type=float, default=5.0, help="seconds per search step (5)")
     add(
         "--p99-bound-ms",
@@ -1103,7 +1149,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--budget", type=float, default=420.0, help="stop searching after this many s (420)")
     add("--server-core", type=int, default=0, help="CPU for the servers (0)")
     add("--client-core", type=int, default=1, help="CPU for the load generator (1)")
-    add("--in-process", type=int, default=2000, help="review() calls timed in process (2000)")
+    add(
+        "--nice",
+        type=int,
+        default=0,
+        help="niceness of servers and load generator (0); on a shared machine a negative "
+        "value (root only) keeps co-tenants from taking the pinned cores",
+    )
+    add("--in-process", type=int, default=1000, help="review() calls timed in process (1000)")
     add("--profile", type=int, default=0, metavar="N", help="cProfile: print the top N")
     add("--seed", type=int, default=1, help="seed of the generated policy")
     add("--json", type=Path, help="write the results as JSON here")
@@ -1118,6 +1171,8 @@ def _check_cores(args: argparse.Namespace) -> None:
             f"need two distinct CPUs for --server-core/--client-core, this process may use "
             f"{sorted(available)}"
         )
+    if args.nice < 0 and os.geteuid() != 0:
+        raise BenchError("a negative --nice needs root")
 
 
 def make_certs(folder: Path) -> None:
@@ -1197,6 +1252,7 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> R
                     port,
                     args.server_core,
                     tmp / f"{name}.log",
+                    args.nice,
                 )
             else:
                 server = Server(
@@ -1206,6 +1262,7 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> R
                     port,
                     args.server_core,
                     tmp / f"{name}.log",
+                    args.nice,
                 )
             server.start(stack)
             report.servers[name] = server
@@ -1225,6 +1282,7 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> R
                 duration_s=duration,
                 connections=args.connections,
                 core=args.client_core,
+                nice=args.nice,
                 timeout_s=args.timeout,
                 max_lag_s=args.max_lag,
                 max_requests=args.max_requests,
@@ -1249,6 +1307,7 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> R
                 args.refine,
                 args.max_steps,
                 args.step_duration,
+                args.retry,
             )
             for server in report.servers.values():
 

@@ -147,7 +147,7 @@ async def run_open_loop(
 
     ``spin_s`` = 0 sleeps on timers only (what a test with a virtual clock wants).
     Failures are counted by ``RequestFailed.kind``, ``timeout`` or the exception's type
-    name; they never stop the run.
+    name (a reset connection is a ``ConnectionResetError``); they never stop the run.
     """
     if not senders:
         raise ValueError("an open-loop run needs at least one connection")
@@ -189,7 +189,7 @@ async def run_open_loop(
             except TimeoutError:
                 errors["timeout"] += 1
                 continue
-            except OSError as exc:
+            except Exception as exc:  # anything else a client can meet is a failed request
                 errors[type(exc).__name__] += 1
                 continue
             done = clock.monotonic()

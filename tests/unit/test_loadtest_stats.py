@@ -1,6 +1,6 @@
 """The load-test harness's own arithmetic: nearest-rank percentiles, the log-linear
-histogram, the open-loop schedule, and the driver measuring latency from intended send
-times (on a virtual clock: no test here waits for real time)."""
+histogram, the open-loop schedule, the driver measuring latency from intended send times
+(on a virtual clock: no test here waits for real time), and the max-throughput search."""
 
 from __future__ import annotations
 
@@ -15,6 +15,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster.clock import ManualClock, SystemClock
+from loadtest.bench_webhook import (
+    Criteria,
+    ReviewTemplate,
+    SearchPlan,
+    StepResult,
+    StepSpec,
+    max_sustained,
+    search,
+)
 from loadtest.openloop import (
     Http1Connection,
     RequestFailed,
@@ -313,3 +322,90 @@ async def test_keep_alive_connection_answers_open_loop_requests() -> None:
         f'{{"n": {i}, "body": "{"x" * i}"}}'.encode() for i in range(40)
     )
     assert [c.connects for c in connections] == [1, 1]  # kept alive
+
+
+# ---------------------------------------------------------------- the max-throughput search
+
+
+def step_of(rate: float, capacity: float) -> StepResult:
+    """What a step shows against a server that keeps up to ``capacity`` reviews/s: below
+    it p99 is 2 ms and every request is answered on time; above it the queue grows."""
+    keeps_up = rate <= capacity
+    tail = 2 * MS if keeps_up else 500 * MS
+    run = RunResult(
+        schedule=Schedule(rate, 100),
+        latency=Histogram.of([1 * MS] * 98 + [tail, tail]),
+        service=Histogram.of([1 * MS] * 100),
+        lag=Histogram.of([0.0] * 100),
+        late=Histogram.of([0.0] * 100),
+        sent=100,
+        ok=100,
+        errors={},
+        elapsed_s=100 / rate if keeps_up else 100 / max(capacity, 1.0),
+    )
+    spec = StepSpec(
+        server="webhook",
+        mode="search",
+        port=0,
+        server_pid=0,
+        ca="",
+        template=ReviewTemplate(b"", b""),
+        rate=rate,
+        duration_s=1.0,
+        connections=1,
+        core=1,
+        nice=0,
+        timeout_s=1.0,
+        max_lag_s=1.0,
+        max_requests=100,
+    )
+    return StepResult(spec, run, server_cpu=1.0, generator_cpu=0.5, server_memory={})
+
+
+CRITERIA = Criteria(p99_bound_s=50 * MS, min_achieved=0.97)
+
+
+def plan(**overrides: Any) -> SearchPlan:
+    return SearchPlan(
+        **{"start": 1000, "factor": 1.5, "refine": 3, "max_steps": 16, "duration_s": 1.0}
+        | overrides
+    )
+
+
+@pytest.mark.parametrize(("capacity", "found"), [(3000, 2950), (400, 400), (1000, 1000)])
+def test_the_search_finds_the_rate_a_server_sustains(capacity: float, found: float) -> None:
+    results = search(plan(), CRITERIA, lambda rate: step_of(rate, capacity), lambda: False)
+    best = max_sustained(results)
+    assert best is not None
+    assert best.spec.rate == found
+    assert all(r.passed == (r.spec.rate <= capacity) for r in results)
+    assert len(results) <= 16
+
+
+def bursty(capacity: float, burst_at: float) -> Callable[[float], StepResult]:
+    """A server of ``capacity`` whose first step at ``burst_at`` meets a neighbour's burst."""
+    bursts = {burst_at}
+
+    def step(rate: float) -> StepResult:
+        if rate in bursts:
+            bursts.discard(rate)
+            return step_of(rate, capacity=0.0)
+        return step_of(rate, capacity)
+
+    return step
+
+
+def test_one_bad_step_is_run_again_before_it_ends_the_climb() -> None:
+    again = max_sustained(search(plan(), CRITERIA, bursty(3000, 1500), lambda: False))
+    assert again is not None
+    assert again.spec.rate == 2950
+    once = max_sustained(search(plan(retry=False), CRITERIA, bursty(3000, 1500), lambda: False))
+    assert once is not None
+    assert once.spec.rate < 1500  # believed the burst
+
+
+def test_the_search_is_bounded_in_steps_and_time() -> None:
+    never = search(plan(max_steps=5), CRITERIA, lambda rate: step_of(rate, 0.0), lambda: False)
+    assert len(never) == 5
+    assert max_sustained(never) is None
+    assert search(plan(), CRITERIA, lambda rate: step_of(rate, 3000), lambda: True) == []
