@@ -1,0 +1,66 @@
+"""The e2e session: one real control plane with Tessera installed, shared by every scenario.
+
+Layer: test support (ROOT of the e2e suite). Finds the pinned binaries (skipping the e2e
+tests, and nothing else, when there are none and no Go to build them), brings the cluster
+up once per session (``tests/e2e/fixtures/cluster.py``) and always tears it down: at the
+end of the session, on Ctrl-C or SIGTERM, and from ``atexit`` if all else fails.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+import pytest
+
+from cluster.clock import SystemClock
+from tests.e2e.controlplane import BinariesUnavailableError, find_binaries, find_crds
+from tests.e2e.fixtures.cluster import EXTENDER_MISSING, E2ECluster, bring_up
+
+HOW_TO_GET_BINARIES = (
+    "no Kubernetes control-plane binaries: set KUBEBUILDER_ASSETS to a folder holding etcd, "
+    "kube-apiserver, kube-scheduler, kube-controller-manager and kubectl (v1.36), or install "
+    "Go >= 1.26 and run tests/e2e/build_binaries.sh (and tests/e2e/build_binaries.sh crds)"
+)
+
+log = logging.getLogger(__name__)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    # pytest tears fixtures down on KeyboardInterrupt; SIGTERM's default would not.
+    raise KeyboardInterrupt
+
+
+@pytest.fixture(scope="session")
+def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2ECluster]:
+    try:
+        binaries = find_binaries()
+        crds = find_crds()
+    except BinariesUnavailableError as exc:
+        pytest.skip(f"{HOW_TO_GET_BINARIES}\n{exc}")
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
+    try:
+        cluster = bring_up(binaries, crds, tmp_path_factory.mktemp("e2e"), SystemClock())
+        atexit.register(cluster.stop)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+            atexit.unregister(cluster.stop)
+            log.info("e2e logs kept in %s", cluster.workdir / "logs")
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture
+def scheduling(e2e: E2ECluster) -> E2ECluster:
+    """The cluster, for scenarios that need kube-scheduler calling the extender."""
+    if e2e.extender is None:
+        pytest.skip(EXTENDER_MISSING)
+    return e2e

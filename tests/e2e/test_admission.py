@@ -1,0 +1,135 @@
+"""Scenarios 1 and 2: what kube-apiserver stores, or refuses, once the webhook is installed.
+
+Each job goes in through ``kubectl create -f -`` and is read back with ``kubectl get``, so
+the assertions are what a user sees: the stored object, kubectl's warnings, and kubectl's
+error text for a denial.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from cluster import labels
+from tests.e2e.fixtures.cluster import E2ECluster
+from tests.e2e.fixtures.jobs import NAMESPACE, QUEUE, gpu_job, to_yaml
+
+pytestmark = pytest.mark.e2e
+
+PRODUCT = "NVIDIA-H100-80GB-HBM3"
+DEFAULT_TIME_LIMIT = 7200  # e2e-training's tessera.dev/default-time-limit: 2h
+
+
+def _term(capacity: str) -> frozenset[tuple[str, str, tuple[str, ...]]]:
+    return frozenset(
+        {
+            (labels.GFD_PRODUCT, "In", (PRODUCT,)),
+            ("example.com/capacity", "In", (capacity,)),
+        }
+    )
+
+
+def _terms(spec: dict[str, Any]) -> set[frozenset[tuple[str, str, tuple[str, ...]]]]:
+    required = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return {
+        frozenset(
+            (e["key"], e["operator"], tuple(e.get("values") or ()))
+            for e in term["matchExpressions"]
+        )
+        for term in required["nodeSelectorTerms"]
+    }
+
+
+def test_a_queued_job_is_stored_suspended_with_what_its_queue_implies(e2e: E2ECluster) -> None:
+    job = gpu_job("finetune-llama", pods=4, gpus=4, annotations={labels.TOPOLOGY: "required:rack"})
+
+    created = e2e.create(to_yaml(job))
+
+    assert created.returncode == 0, created.stderr
+    assert "job.batch/finetune-llama created" in created.stdout
+    # kubectl prints the webhook's warnings: the user learns what was added for them
+    assert "Warning: priority class set to e2e-research" in created.stderr
+    assert "Warning: activeDeadlineSeconds set to 7200" in created.stderr
+    stored = e2e.get_json("job", "finetune-llama", "-n", NAMESPACE)
+    meta, spec = stored["metadata"], stored["spec"]
+    template_meta, pod = spec["template"]["metadata"], spec["template"]["spec"]
+    assert spec["suspend"] is True
+    assert meta["labels"][labels.QUEUE_NAME] == QUEUE
+    assert meta["labels"][labels.PRIORITY_CLASS] == "e2e-research"
+    # either H100 flavor of the queue: reserved, or spot (whose taint is tolerated)
+    assert _terms(pod) == {_term("reserved"), _term("spot")}
+    assert {
+        "key": "example.com/spot",
+        "operator": "Equal",
+        "value": "true",
+        "effect": "NoSchedule",
+    } in pod["tolerations"]
+    assert template_meta["labels"][labels.GANG] == f"{NAMESPACE}.finetune-llama"
+    assert template_meta["annotations"][labels.GANG_SIZE] == "4"
+    assert template_meta["annotations"][labels.GANG_MIN] == "4"
+    assert template_meta["annotations"][labels.TOPOLOGY] == "required:rack"
+    assert spec["activeDeadlineSeconds"] == DEFAULT_TIME_LIMIT
+    assert pod["activeDeadlineSeconds"] == DEFAULT_TIME_LIMIT
+    assert pod["schedulerName"] == labels.DEFAULT_SCHEDULER_NAME
+    # what the user wrote is still there
+    assert pod["containers"][0]["resources"]["limits"][labels.GPU_RESOURCE] == "4"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    job: dict[str, Any]
+    says: tuple[str, ...]
+    """Fragments of the webhook's message, in order."""
+
+
+REFUSALS = {
+    "unknown queue": Refusal(
+        gpu_job("typo-queue", gpus=1, queue="trainng"),
+        (
+            f"LocalQueue 'trainng' (label {labels.QUEUE_NAME}) does not exist in namespace "
+            f"{NAMESPACE}",
+            f"queues in namespace {NAMESPACE}: {QUEUE}",
+        ),
+    ),
+    "over quota": Refusal(
+        gpu_job("too-big", pods=6, gpus=8),
+        (
+            "job too-big asks for 48 GPUs (6 pods × 8)",  # noqa: RUF001 - as the webhook says
+            "can get at most 40 GPUs in flavor e2e-h100-reserved",
+        ),
+    ),
+    "impossible gang": Refusal(
+        gpu_job("gang-min-too-high", pods=4, gpus=4, annotations={labels.GANG_MIN: "5"}),
+        (
+            f"annotation {labels.GANG_MIN}='5' must be a whole number from 1 to the 4 pods "
+            "of job gang-min-too-high",
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS.values(), ids=REFUSALS.keys())
+def test_jobs_that_can_never_run_are_refused_with_tesseras_message(
+    e2e: E2ECluster, case: Refusal
+) -> None:
+    name = case.job["metadata"]["name"]
+
+    created = e2e.create(to_yaml(case.job))
+
+    assert created.returncode != 0
+    webhooks = e2e.install.webhook_names
+    prefix = next(
+        (f'admission webhook "{w}" denied the request: ' for w in webhooks if w in created.stderr),
+        None,
+    )
+    assert prefix is not None, created.stderr
+    message = created.stderr.split(prefix, 1)[1]
+    position = 0
+    for fragment in case.says:
+        found = message.find(fragment, position)
+        assert found >= 0, f"{fragment!r} not in {message!r}"
+        position = found + len(fragment)
+    missing = e2e.kubectl("get", "job", name, "-n", NAMESPACE, check=False)
+    assert "NotFound" in missing.stderr
