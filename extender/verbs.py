@@ -34,12 +34,15 @@ BAD_REQUEST = 400
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """An HTTP answer; ``outcome`` and ``note`` are for the shell's metrics and logs."""
+    """An HTTP answer; ``outcome`` and ``note`` are for the shell's metrics and logs,
+    ``pod`` is the decoded pod of a ``/filter`` or ``/prioritize`` (the shell remembers
+    it for a ``/bind`` that arrives before the watch shows the pod)."""
 
     status: int
     body: bytes
     outcome: decide.FilterOutcome | None = None
     note: str = ""
+    pod: PodInfo | None = None
 
 
 def _bad(reason: str) -> Reply:
@@ -63,8 +66,10 @@ def handle_filter(body: bytes, snapshot: Snapshot, config: ExtenderConfig, now: 
             given.snapshot, args.pod, given.names, config, now, unresolvable=given.unresolvable
         )
     else:
-        return Reply(OK, wire.encode_filter_error(_NO_CANDIDATES), note=_NO_CANDIDATES)
-    return Reply(OK, wire.encode_filter(args, outcome), outcome=outcome)
+        return Reply(
+            OK, wire.encode_filter_error(_NO_CANDIDATES), note=_NO_CANDIDATES, pod=args.pod
+        )
+    return Reply(OK, wire.encode_filter(args, outcome), outcome=outcome, pod=args.pod)
 
 
 def handle_prioritize(
@@ -84,8 +89,8 @@ def handle_prioritize(
         order = [name for name in map(_item_name, args.nodes.items) if name is not None]
         scores = decide.wire_scores([(n, scored.get(n)) for n in order], config)
     else:
-        return Reply(OK, wire.encode_priorities([]), note=_NO_CANDIDATES)
-    return Reply(OK, wire.encode_priorities(scores))
+        return Reply(OK, wire.encode_priorities([]), note=_NO_CANDIDATES, pod=args.pod)
+    return Reply(OK, wire.encode_priorities(scores), pod=args.pod)
 
 
 def _item_name(item: Mapping[str, object]) -> NodeName | None:

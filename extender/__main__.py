@@ -1,0 +1,174 @@
+"""``python -m extender``: serve the scheduler extender to kube-scheduler.
+
+Layer: ROOT. The only module that reads the environment: every flag has a
+``TESSERA_EXTENDER_<FLAG>`` variable. Exits with one line (no traceback) when the
+settings, the certificate files, the cluster file or the API configuration are wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import uvloop
+from aiohttp import web
+from pydantic import ValidationError
+
+from cluster import logs
+from cluster.files import ObjectFileError
+from cluster.kube import KubeError
+from cluster.tls import CertReloader, TLSConfigError
+from extender.app import create_app
+from extender.settings import DEFAULT_LEVELS, ExtenderSettings
+
+log = logging.getLogger("extender")
+
+PROG = "python -m extender"
+EXAMPLES = """\
+examples:
+  python -m extender --cluster-file cluster.yaml           # standalone, on 127.0.0.1:8888
+  python -m extender --kubeconfig ~/.kube/config --topology-levels \\
+      block=example.com/block,rack=example.com/rack,hostname=kubernetes.io/hostname
+  python -m extender --tls-cert /tls/tls.crt --tls-key /tls/tls.key \\
+      --client-ca /tls/ca.crt                              # in-cluster, mutual TLS
+"""
+TRUE = frozenset({"1", "true", "yes", "on"})
+FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def _env(environ: Mapping[str, str], flag: str) -> str | None:
+    return environ.get("TESSERA_EXTENDER_" + flag.upper().replace("-", "_"))
+
+
+def _env_bool(
+    environ: Mapping[str, str], flag: str, parser: argparse.ArgumentParser
+) -> bool | None:
+    value = _env(environ, flag)
+    if value is None:
+        return None
+    word = value.strip().lower()
+    if word not in TRUE | FALSE:
+        name = "TESSERA_EXTENDER_" + flag.upper().replace("-", "_")
+        parser.exit(2, f"{PROG}: error: {name}={value!r} is not true or false\n")
+    return word in TRUE
+
+
+def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderSettings:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Tessera's GPU-topology-aware kube-scheduler extender.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+    def flag(name: str, **kwargs: Any) -> None:
+        parser.add_argument(f"--{name}", default=_env(environ, name), **kwargs)
+
+    def switch(name: str, help: str) -> None:
+        parser.add_argument(
+            f"--{name}",
+            action=argparse.BooleanOptionalAction,
+            default=_env_bool(environ, name, parser),
+            help=help,
+        )
+
+    flag("host", help="address to listen on (default 0.0.0.0 with TLS, 127.0.0.1 without)")
+    flag("port", type=int, help="port to listen on (default 8888)")
+    flag("tls-cert", help="serving certificate (HTTPS)")
+    flag("tls-key", help="its private key")
+    flag("client-ca", help="require client certificates signed by this CA (kube-scheduler's)")
+    switch("insecure-bind-any", "serve plain HTTP on a non-loopback address anyway")
+    flag("cluster-file", help="nodes and pods from this file (kubectl get -o yaml); no API")
+    flag("kubeconfig", help="watch and bind through this kubeconfig (default: in-cluster)")
+    flag("topology-levels", help=f"name=node-label pairs, widest first (default {DEFAULT_LEVELS})")
+    flag("weight-packing", type=float, help="weight of fragmentation-aware packing")
+    flag("weight-island-fit", type=float, help="weight of NVLink island best fit")
+    flag("weight-gang-locality", type=float, help="weight of gang members kept together")
+    switch("strict-islands", "a pod that fits in one NVLink island must get one (default on)")
+    flag("assume-ttl", dest="assume_ttl_s", type=float, help="seconds a bind stays assumed")
+    flag("bind-timeout", dest="bind_timeout_s", type=float, help="API budget of one bind (s)")
+    flag("log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    switch("log-json", "log one JSON object per line")
+    args = parser.parse_args(argv)
+    values = {k: v for k, v in vars(args).items() if v is not None}
+    try:
+        return ExtenderSettings(**values)
+    except ValidationError as exc:
+        parser.exit(2, f"{PROG}: error: {_one_line(exc)}\n")
+
+
+def _one_line(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}".replace("Value error, ", "")
+        for e in exc.errors()
+    )
+
+
+async def serve(
+    settings: ExtenderSettings, reloader: CertReloader | None, environ: Mapping[str, str]
+) -> None:
+    app = create_app(settings, environ=environ)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    context = reloader.context if reloader is not None else None
+    site = web.TCPSite(runner, settings.listen_host, settings.port, ssl_context=context)
+    await site.start()
+    port = runner.addresses[0][1] if runner.addresses else settings.port
+    log.info(
+        "serving",
+        extra=logs.fields(
+            host=settings.listen_host,
+            port=port,
+            tls=settings.tls,
+            mutual_tls=settings.client_ca is not None,
+            source=str(settings.cluster_file or settings.kubeconfig or "in-cluster"),
+        ),
+    )
+    reload_task = asyncio.create_task(reloader.run()) if reloader is not None else None
+    stop = asyncio.Event()
+    # Kubernetes stops a pod with SIGTERM: finish the binds under way, then exit.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    try:
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        if reload_task is not None:
+            reload_task.cancel()
+        await runner.cleanup()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    environ = dict(os.environ)
+    settings = parse_settings(sys.argv[1:] if argv is None else argv, environ)
+    logs.configure(json=settings.log_json, level=settings.log_level)
+    reloader = None
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        try:
+            reloader = CertReloader(
+                Path(settings.tls_cert),
+                Path(settings.tls_key),
+                client_ca=settings.client_ca,
+                interval=settings.cert_reload_interval_s,
+            )
+        except TLSConfigError as exc:
+            print(f"{PROG}: cannot serve TLS: {exc}", file=sys.stderr)
+            return 1
+    try:
+        uvloop.run(serve(settings, reloader, environ))
+    except (ObjectFileError, KubeError, OSError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

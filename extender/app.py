@@ -1,0 +1,406 @@
+"""The extender's aiohttp application: routes, wiring, lifecycle.
+
+Layer: ROOT. ``create_app(settings, ...)`` builds everything into typed app keys. The
+handlers read the body, take one ``cache.snapshot()``, call a pure ``extender.verbs``
+function with no ``await`` in between, and write its answer. Must not read the
+environment (``__main__`` does) or hold module-level state.
+
+``/bind`` is the one handler that awaits in the middle, so its order matters: the GPUs
+are chosen on the snapshot and assumed in the cache before the first ``await``. The next
+``/filter`` (kube-scheduler sends it before the bind is answered, see the captures)
+already counts them, and two binds can never both take one GPU: the second one's
+snapshot has the first one's assumption in it. Then the binder writes to the API; if it
+fails the assumption is forgotten and kube-scheduler gets ``Error``. The one exception is
+a bind that may have landed (the connection broke and the pod could not be read back):
+its GPUs stay assumed until the watch shows the truth or the assumption expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from cluster import logs
+from cluster.cache import AllocationConflict, ClusterCache
+from cluster.clock import Clock, SystemClock
+from cluster.feed import CacheFeed, run_all
+from cluster.informer import Informer
+from cluster.kube import KubeClient, KubeConfig
+from cluster.model import NodeName, PodInfo, PodKey
+from cluster.snapshot import Snapshot
+from extender import verbs, wire
+from extender.binder import ApiBinder, Binder, BindError, MemoryBinder, Placement
+from extender.config import ExtenderConfig
+from extender.decide import BindPlan
+from extender.metrics import ExtenderMetrics
+from extender.settings import ExtenderSettings
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+NOT_READY = 503
+
+
+class Source:
+    """Where the cache's content comes from, and whether it is complete yet."""
+
+    def __init__(self) -> None:
+        self.loaded = False
+        """Standalone mode: the cluster file is in the cache."""
+        self.informers: Sequence[Informer] = ()
+
+    @property
+    def synced(self) -> bool:
+        if self.loaded:
+            return True
+        return bool(self.informers) and all(i.synced for i in self.informers)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    node: str
+    done: asyncio.Future[str]
+
+
+class Binds:
+    """What ``/bind`` keeps between requests: the binder, the pods seen by ``/filter``
+    (kube-scheduler may bind a pod before the watch shows it), and the binds under way
+    (a bind kube-scheduler repeats after its timeout waits for the first one)."""
+
+    def __init__(self, binder: Binder | None, recent_limit: int) -> None:
+        self.binder = binder
+        self.recent: dict[str, PodInfo] = {}
+        self.inflight: dict[PodKey, _InFlight] = {}
+        self._limit = recent_limit
+
+    def remember(self, pod: PodInfo) -> None:
+        if not pod.uid or not self._limit:
+            return
+        self.recent.pop(pod.uid, None)
+        self.recent[pod.uid] = pod
+        if len(self.recent) > self._limit:
+            del self.recent[next(iter(self.recent))]
+
+
+SETTINGS = web.AppKey("settings", ExtenderSettings)
+CONFIG = web.AppKey("config", ExtenderConfig)
+CACHE = web.AppKey("cache", ClusterCache)
+CLOCK = web.AppKey("clock", Clock)
+METRICS = web.AppKey("metrics", ExtenderMetrics)
+SOURCE = web.AppKey("source", Source)
+BINDS = web.AppKey("binds", Binds)
+ENVIRON = web.AppKey("environ", Mapping[str, str])
+
+Handle = Callable[[bytes, Snapshot, ExtenderConfig, datetime], verbs.Reply]
+
+
+# ---------------------------------------------------------------- plumbing
+
+
+def _respond(status: int, body: bytes) -> web.Response:
+    return web.Response(status=status, body=body, content_type=JSON)
+
+
+async def _body(request: web.Request) -> bytes | web.Response:
+    """The request body, or the 400 to answer when it is too large to read."""
+    limit = request.app[SETTINGS].max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        reason = f"request body of {request.content_length} bytes exceeds {limit}"
+        return _respond(verbs.BAD_REQUEST, wire.encode_bad_request(reason))
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        reason = f"request body exceeds {limit} bytes"
+        return _respond(verbs.BAD_REQUEST, wire.encode_bad_request(reason))
+
+
+def _not_ready() -> web.Response:
+    reason = "the extender's cache is not synced with the cluster yet"
+    return _respond(NOT_READY, wire.encode_bad_request(reason))
+
+
+def _early(request: web.Request, body: bytes | web.Response) -> web.Response | None:
+    """The answer when there is nothing to decide: unreadable body, cache not synced."""
+    if isinstance(body, web.Response):
+        return body
+    if not request.app[SOURCE].synced:
+        return _not_ready()
+    return None
+
+
+def _result(response: web.Response) -> str:
+    return "bad_request" if response.status == verbs.BAD_REQUEST else "not_ready"
+
+
+# ---------------------------------------------------------------- the four verbs
+
+
+async def _decide(request: web.Request, verb: str, handle: Handle) -> web.Response:
+    app = request.app
+    clock, metrics = app[CLOCK], app[METRICS]
+    start = clock.monotonic()
+    body = await _body(request)
+    early = _early(request, body)
+    if early is not None:
+        metrics.answered(verb, _result(early), clock.monotonic() - start)
+        return early
+    assert isinstance(body, bytes)
+    began = clock.monotonic()
+    reply = handle(body, app[CACHE].snapshot(), app[CONFIG], clock.now())
+    metrics.decided(verb, clock.monotonic() - began)
+    if reply.pod is not None:
+        app[BINDS].remember(reply.pod)
+    if reply.outcome is not None:
+        metrics.filtered(reply.outcome)
+    if reply.status == verbs.BAD_REQUEST:
+        result = "bad_request"
+        log.info("bad request", extra=logs.fields(verb=verb, reason=reply.note))
+    else:
+        result = "error" if reply.note else "ok"
+    metrics.answered(verb, result, clock.monotonic() - start)
+    return _respond(reply.status, reply.body)
+
+
+async def filter_nodes(request: web.Request) -> web.Response:
+    return await _decide(request, "filter", verbs.handle_filter)
+
+
+async def prioritize(request: web.Request) -> web.Response:
+    return await _decide(request, "prioritize", verbs.handle_prioritize)
+
+
+async def preempt(request: web.Request) -> web.Response:
+    return await _decide(request, "preempt", verbs.handle_preempt)
+
+
+async def bind(request: web.Request) -> web.Response:
+    app = request.app
+    clock, metrics, binds, cache = app[CLOCK], app[METRICS], app[BINDS], app[CACHE]
+    start = clock.monotonic()
+    body = await _body(request)
+    early = _early(request, body)
+    if early is not None:
+        metrics.answered("bind", _result(early), clock.monotonic() - start)
+        return early
+    assert isinstance(body, bytes)
+
+    # From here to the binder's first await: no await, so no other request runs between
+    # the snapshot and the assumption.
+    began = clock.monotonic()
+    step = verbs.plan_bind(body, cache.snapshot(), app[CONFIG], clock.now(), seen=binds.recent)
+    if isinstance(step, verbs.Reply):
+        metrics.decided("bind", clock.monotonic() - began)
+        result = "bad_request" if step.status == verbs.BAD_REQUEST else "refused"
+        if step.note:
+            log.info("bind refused", extra=logs.fields(result=result, reason=step.note))
+        metrics.answered("bind", result, clock.monotonic() - start)
+        return _respond(step.status, step.body)
+    args, plan = step.args, step.plan
+    pod = plan.pod
+    if not pod.uid and args.pod_uid:
+        pod = replace(pod, uid=args.pod_uid)
+    running = binds.inflight.get(pod.key)
+    if running is not None:
+        error = await _join(pod.key, running, args.node)
+    else:
+        refused = _assume(cache, pod, plan)
+        metrics.decided("bind", clock.monotonic() - began)
+        if refused is not None:
+            error = refused
+        else:
+            indices = () if plan.allocation is None else plan.allocation.indices
+            placement = Placement(pod, NodeName(args.node), indices)
+            error = await _carry_out(app, placement)
+    metrics.answered("bind", "error" if error else "ok", clock.monotonic() - start)
+    return _respond(verbs.OK, verbs.bind_reply(error).body)
+
+
+def _assume(cache: ClusterCache, pod: PodInfo, plan: BindPlan) -> str | None:
+    """Count the planned GPUs as taken; the refusal to answer if the cache says no."""
+    if plan.allocation is None:
+        return None
+    try:
+        cache.assume(pod, plan.allocation)
+    except (AllocationConflict, ValueError) as exc:
+        # plan_bind checked the same snapshot: reaching this is a bug, said not hidden
+        log.error("assume refused a planned bind", extra=logs.fields(pod=pod.key, error=str(exc)))
+        return f"cannot bind pod {pod.key}: {exc}"
+    return None
+
+
+async def _join(key: PodKey, running: _InFlight, node: str) -> str:
+    """A bind for a pod whose bind is under way: kube-scheduler retried after a timeout."""
+    if running.node != node:
+        return f"pod {key} is already being bound to node {running.node}"
+    log.info("bind repeated while under way", extra=logs.fields(pod=key, node=node))
+    return await asyncio.shield(running.done)
+
+
+async def _carry_out(app: web.Application, placement: Placement) -> str:
+    """Run the binder for an assumed placement; the ``Error`` to answer (``""``: bound)."""
+    binds, cache, clock = app[BINDS], app[CACHE], app[CLOCK]
+    binder = binds.binder
+    key = placement.pod.key
+    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    binds.inflight[key] = _InFlight(placement.node, done)
+    error = "the bind was interrupted (extender shutting down)"
+    began = clock.monotonic()
+    try:
+        if binder is None:
+            raise BindError("the extender has no binder yet (still starting)")
+        await binder.bind(placement)
+        error = ""
+        binds.recent.pop(placement.pod.uid, None)
+        log.info(
+            "bound",
+            extra=logs.fields(pod=key, node=placement.node, gpus=placement.annotation),
+        )
+    except BindError as exc:
+        error = str(exc)
+        if not exc.uncertain:
+            cache.forget(key)
+        log.warning(
+            "bind failed",
+            extra=logs.fields(pod=key, node=placement.node, error=error, kept=exc.uncertain),
+        )
+    except Exception as exc:
+        error = f"cannot bind pod {key}: internal error: {exc}"
+        cache.forget(key)
+        log.exception("binder crashed", extra=logs.fields(pod=key, node=placement.node))
+    finally:
+        # On cancellation the bind may or may not have landed: the assumption stays
+        # until the watch tells or its TTL ends.
+        app[METRICS].bind_api.observe(clock.monotonic() - began)
+        del binds.inflight[key]
+        done.set_result(error)
+    return error
+
+
+# ---------------------------------------------------------------- probes
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def readyz(request: web.Request) -> web.Response:
+    if request.app[SOURCE].synced:
+        return web.Response(text="ok")
+    return web.Response(status=NOT_READY, text="cluster cache not synced yet")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].exposition()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# ---------------------------------------------------------------- background work
+
+
+async def _expire_assumptions(app: web.Application) -> AsyncIterator[None]:
+    """Assumptions the watch never confirmed give their GPUs back after the TTL."""
+    cache, interval = app[CACHE], app[SETTINGS].expire_interval_s
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            cache.expire()
+
+    async with _running(loop(), "expire assumptions"):
+        yield
+
+
+async def _watch_cluster(app: web.Application) -> AsyncIterator[None]:
+    """Nodes and pods from kube-apiserver into the cache; binds through the same client."""
+    settings = app[SETTINGS]
+    if settings.kubeconfig is not None:
+        config = await KubeConfig.from_kubeconfig(str(settings.kubeconfig))
+    else:
+        config = KubeConfig.in_cluster(app[ENVIRON])
+    async with KubeClient(config, user_agent="tessera-extender") as client:
+        binds = app[BINDS]
+        if binds.binder is None:
+            binds.binder = ApiBinder(client, timeout_s=settings.bind_timeout_s)
+        informers = CacheFeed(app[CACHE], levels=app[CONFIG].level_labels).informers(client)
+        app[SOURCE].informers = informers
+        async with _running(run_all(informers), "watch nodes and pods"):
+            yield
+
+
+@contextlib.asynccontextmanager
+async def _running(work: Coroutine[Any, Any, None], name: str) -> AsyncIterator[None]:
+    task = asyncio.create_task(work, name=name)
+    task.add_done_callback(_report_end)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _report_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error(
+            "background task ended",
+            exc_info=task.exception(),
+            extra=logs.fields(task=task.get_name()),
+        )
+
+
+# ---------------------------------------------------------------- the app
+
+
+def create_app(
+    settings: ExtenderSettings,
+    *,
+    cache: ClusterCache | None = None,
+    binder: Binder | None = None,
+    clock: Clock | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> web.Application:
+    """The extender app.
+
+    The cluster comes from ``settings``: with ``cluster_file`` it is loaded into the
+    cache now (``ObjectFileError`` if unreadable) and binds are recorded in memory;
+    otherwise nodes and pods are watched through ``kubeconfig`` or the in-cluster
+    service account (read from ``environ``, which only ``__main__`` takes from the
+    process) once the app starts, and binds go to the API. ``cache``, ``binder`` and
+    ``clock`` replace the ones the app would make (tests).
+    """
+    clock = clock or SystemClock()
+    config = settings.to_config()
+    cache = cache if cache is not None else ClusterCache(clock, settings.assume_ttl_s)
+    app = web.Application(client_max_size=settings.max_body_bytes)
+    app[SETTINGS] = settings
+    app[CONFIG] = config
+    app[CLOCK] = clock
+    app[CACHE] = cache
+    app[ENVIRON] = dict(environ or {})
+    app[METRICS] = ExtenderMetrics(cache.counters)
+    source = Source()
+    app[SOURCE] = source
+    if settings.cluster_file is not None:
+        CacheFeed(cache, levels=config.level_labels).load_file(settings.cluster_file)
+        source.loaded = True
+        binder = binder or MemoryBinder(cache)
+    else:
+        app.cleanup_ctx.append(_watch_cluster)
+    app[BINDS] = Binds(binder, settings.recent_pods)
+    app.cleanup_ctx.append(_expire_assumptions)
+    app.router.add_post("/filter", filter_nodes)
+    app.router.add_post("/prioritize", prioritize)
+    app.router.add_post("/bind", bind)
+    app.router.add_post("/preempt", preempt)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    return app

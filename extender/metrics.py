@@ -1,0 +1,218 @@
+"""The extender's Prometheus metrics, one registry per app (no process-global state).
+
+Layer: I/O (exposition). Counts what the handlers report and reads the cache's counters
+at scrape time; must not decide anything or change the cache.
+
+Label sets are bounded: verbs and results are fixed words, and a filter reason (free
+text written for people, one per node) is counted under the filter it comes from
+(``reason_category``), never as itself.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator, Mapping
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cluster.cache import CacheCounters
+from cluster.model import MILLI_PER_GPU, NodeName
+from extender.decide import FilterOutcome
+
+# kube-scheduler waits on /filter and /prioritize inside its scheduling loop: resolve the
+# sub-millisecond range; /bind adds an API round trip, hence the long tail.
+LATENCY_BUCKETS: Final = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.002,
+    0.004,
+    0.008,
+    0.016,
+    0.05,
+    0.1,
+    0.5,
+    1.0,
+    5.0,
+)
+
+# Ordered: the first fragment found in a reason names its category. They follow the
+# wording of extender.plugins and extender.decide; an unknown wording counts as "other".
+_REASON_FRAGMENTS: Final = (
+    ("not in the extender's cache", "not_cached"),
+    ("not a usable Node", "bad_node"),
+    ("cordoned", "cordoned"),
+    ("pod accepts", "product"),
+    ("drains for maintenance", "maintenance"),
+    ("requires topology level", "gang_level"),
+    ("has room for", "gang_room"),
+    ("; gang ", "gang_domain"),
+    ("; node is in ", "gang_domain"),
+    ("node has no GPUs", "no_gpus"),
+    ("are unhealthy", "too_few_gpus"),
+    ("node has ", "too_few_gpus"),
+    ("free in island", "island"),
+    ("are in use", "gpus_in_use"),
+    ("milli-GPU free", "gpus_in_use"),
+    (" free, pod needs", "gpus_in_use"),
+)
+REASON_CATEGORIES: Final = frozenset(c for _, c in _REASON_FRAGMENTS) | {"other"}
+
+
+def reason_category(reason: str) -> str:
+    """The bounded label a filter reason is counted under."""
+    for fragment, category in _REASON_FRAGMENTS:
+        if fragment in reason:
+            return category
+    return "other"
+
+
+class _CacheCollector(Collector):
+    """Cache figures read at scrape time: nothing to keep in step on the hot path."""
+
+    def __init__(self, counters: Callable[[], CacheCounters]) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        c = self._counters()
+        yield _gauge("tessera_extender_nodes", "Nodes in the cache.", c.nodes)
+        yield _gauge("tessera_extender_pods", "GPU pods in the cache, bound or not.", c.pods)
+        yield _gauge(
+            "tessera_extender_assumed_pods",
+            "Pods bound by the extender that the watch has not shown bound yet.",
+            c.assumed,
+        )
+        yield _gauge(
+            "tessera_extender_cache_problems",
+            "GPU accounting problems (over-committed GPUs, unusable gpu-indices).",
+            c.problems,
+        )
+        yield _gauge("tessera_extender_cache_generation", "Cache writes so far.", c.generation)
+        assumptions = CounterMetricFamily(
+            "tessera_extender_assumptions",
+            "Assumptions ended, by how: the watch confirmed, the TTL expired, bind forgot.",
+            labels=("outcome",),
+        )
+        assumptions.add_metric(("confirmed",), c.assumptions_confirmed)
+        assumptions.add_metric(("expired",), c.assumptions_expired)
+        assumptions.add_metric(("forgotten",), c.assumptions_forgotten)
+        yield assumptions
+        yield CounterMetricFamily(
+            "tessera_extender_assume_conflicts",
+            "Assumptions the cache refused because the GPUs were taken.",
+            value=c.assume_conflicts,
+        )
+
+        gpus = GaugeMetricFamily(
+            "tessera_extender_gpus",
+            "GPUs per product (nvidia.com/gpu.product) and state: total, healthy, "
+            "allocated and free (in GPUs, shares as fractions), whole_free (unshared).",
+            labels=("product", "state"),
+        )
+        fragmentation = GaugeMetricFamily(
+            "tessera_extender_gpu_fragmentation_ratio",
+            "Share of the free healthy GPU capacity that sits on partly used GPUs, where "
+            "no whole-GPU pod can use it (0: none, 1: all of it).",
+            labels=("product",),
+        )
+        for product, p in c.products.items():
+            name = product or "unknown"
+            # Allocations on GPUs that turned unhealthy are counted against the free
+            # capacity too: an approximation, exact whenever no bound GPU went bad.
+            free_milli = max(0, p.healthy_gpus * MILLI_PER_GPU - p.allocated_milli)
+            whole_milli = p.whole_free_gpus * MILLI_PER_GPU
+            for state, value in (
+                ("total", p.gpus),
+                ("healthy", p.healthy_gpus),
+                ("allocated", p.allocated_milli / MILLI_PER_GPU),
+                ("free", free_milli / MILLI_PER_GPU),
+                ("whole_free", p.whole_free_gpus),
+            ):
+                gpus.add_metric((name, state), value)
+            parts = max(0, free_milli - whole_milli)
+            fragmentation.add_metric((name,), parts / free_milli if free_milli else 0.0)
+        yield gpus
+        yield fragmentation
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)
+
+
+class ExtenderMetrics:
+    def __init__(self, counters: Callable[[], CacheCounters]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "tessera_extender_decisions",
+            "Requests answered, by verb and result (ok, error: HTTP 200 with Error, "
+            "refused: bind said no before any API call, bad_request, not_ready).",
+            ("verb", "result"),
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "tessera_extender_request_seconds",
+            "Time from request to answer, per verb; /bind includes its API calls.",
+            ("verb",),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.decision = Histogram(
+            "tessera_extender_decision_seconds",
+            "Decode, decide and encode (and for /bind: assume), without any await.",
+            ("verb",),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.bind_api = Histogram(
+            "tessera_extender_bind_api_seconds",
+            "The binder's part of a /bind: annotate and post the Binding.",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.filter_nodes = Counter(
+            "tessera_extender_filter_nodes",
+            "Candidate nodes judged by /filter: fit, failed (preemption may help), unresolvable.",
+            ("result",),
+            registry=self.registry,
+        )
+        self.filter_reasons = Counter(
+            "tessera_extender_filter_reasons",
+            "Nodes filtered out, by the kind of reason (see reason_category).",
+            ("reason",),
+            registry=self.registry,
+        )
+        self.registry.register(_CacheCollector(counters))
+
+    def answered(self, verb: str, result: str, seconds: float) -> None:
+        self.requests.labels(verb, result).inc()
+        self.latency.labels(verb).observe(seconds)
+
+    def decided(self, verb: str, seconds: float) -> None:
+        self.decision.labels(verb).observe(seconds)
+
+    def filtered(self, outcome: FilterOutcome) -> None:
+        if outcome.fits:
+            self.filter_nodes.labels("fit").inc(len(outcome.fits))
+        if outcome.failed:
+            self.filter_nodes.labels("failed").inc(len(outcome.failed))
+        if outcome.unresolvable:
+            self.filter_nodes.labels("unresolvable").inc(len(outcome.unresolvable))
+        self._reasons(outcome.failed, outcome.unresolvable)
+
+    def _reasons(self, *maps: Mapping[NodeName, str]) -> None:
+        # 5,000 failed nodes carry a few distinct reasons: count them at C speed first
+        tally: Tally[str] = Tally()
+        for reasons in maps:
+            tally.update(reasons.values())
+        per_category: Tally[str] = Tally()
+        for reason, count in tally.items():
+            per_category[reason_category(reason)] += count
+        for category, count in per_category.items():
+            self.filter_reasons.labels(category).inc(count)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

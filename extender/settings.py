@@ -1,0 +1,137 @@
+"""The extender's settings, validated once.
+
+Layer: EDGE. A frozen pydantic model that ``__main__`` fills from flags and environment
+variables; ``create_app`` takes it as a value and turns the decision-related part into an
+``ExtenderConfig`` (``to_config``). Must not read the environment or any file itself.
+
+``/bind`` writes to the cluster, so only kube-scheduler may call it: plain HTTP is only
+served on a loopback address (a kube-scheduler sidecar) unless ``insecure_bind_any`` says
+otherwise; anywhere else needs TLS, and ``client_ca`` makes it mutual TLS.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from cluster import labels
+from extender.config import ExtenderConfig, ScoringWeights, TopologyLevel
+
+_WEIGHTS = ScoringWeights()
+DEFAULT_LEVELS = f"hostname={labels.HOSTNAME}"
+
+
+def parse_levels(text: str) -> tuple[tuple[str, str], ...]:
+    """``block=example.com/block,rack=example.com/rack`` → ((name, node label), ...),
+    widest level first; ``ValueError`` naming the bad item."""
+    levels: list[tuple[str, str]] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, label = (s.strip() for s in item.partition("="))
+        if not sep or not name or not label:
+            raise ValueError(f"topology level {item!r} is not <name>=<node label>")
+        levels.append((name, label))
+    if not levels:
+        raise ValueError("at least one topology level is needed (e.g. hostname=...)")
+    return tuple(levels)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only listens on this machine (no name resolution: a name other
+    than ``localhost`` may resolve anywhere, so it does not count)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class ExtenderSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str | None = None
+    """Address to listen on; default 0.0.0.0 with TLS, 127.0.0.1 without."""
+    port: int = Field(8888, ge=0, le=65535)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    client_ca: Path | None = None
+    """Mutual TLS: only clients with a certificate signed by this CA (kube-scheduler's)."""
+    insecure_bind_any: bool = False
+    """Serve plain HTTP on a non-loopback address anyway (anyone who reaches it can bind)."""
+    cert_reload_interval_s: float = Field(10.0, gt=0)
+
+    cluster_file: Path | None = None
+    """Standalone mode: nodes and pods from this file; bind records in memory."""
+    kubeconfig: Path | None = None
+    """Watch nodes and pods and bind through this kubeconfig; neither: in-cluster."""
+
+    topology_levels: tuple[tuple[str, str], ...] = parse_levels(DEFAULT_LEVELS)
+    """(name, node label) from the widest level to the narrowest."""
+    weight_packing: float = Field(_WEIGHTS.packing, ge=0)
+    weight_island_fit: float = Field(_WEIGHTS.island_fit, ge=0)
+    weight_gang_locality: float = Field(_WEIGHTS.gang_locality, ge=0)
+    strict_islands: bool = True
+    """A whole-GPU pod that fits in one NVLink island must get one (else: a preference)."""
+
+    assume_ttl_s: float = Field(30.0, gt=0)
+    """How long a bind's GPUs stay counted without the watch showing the pod bound."""
+    expire_interval_s: float = Field(1.0, gt=0)
+    bind_timeout_s: float = Field(4.0, gt=0)
+    """Budget of the API calls of one bind; below kube-scheduler's 5 s httpTimeout."""
+    recent_pods: int = Field(10_000, ge=0)
+    """Pods remembered from /filter for a /bind that comes before the watch shows them."""
+
+    max_body_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
+    """5,000 full Node objects (``nodeCacheCapable: false``) are ~25 MB."""
+    log_json: bool = False
+    log_level: str = "INFO"
+
+    @field_validator("topology_levels", mode="before")
+    @classmethod
+    def _levels_text(cls, value: Any) -> Any:
+        return parse_levels(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> ExtenderSettings:
+        if self.cluster_file is not None and self.kubeconfig is not None:
+            raise ValueError("give --cluster-file or --kubeconfig, not both")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.client_ca is not None and self.tls_cert is None:
+            raise ValueError("--client-ca needs --tls-cert and --tls-key (mutual TLS)")
+        exposed = not is_loopback(self.listen_host)
+        if self.tls_cert is None and exposed and not self.insecure_bind_any:
+            raise ValueError(
+                f"refusing plain HTTP on {self.listen_host!r}: anyone who reaches it could "
+                "bind pods. Give --tls-cert/--tls-key (and --client-ca), listen on a "
+                "loopback address, or pass --insecure-bind-any"
+            )
+        self.to_config()  # a bad level or weight is a settings error, not a crash later
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    @property
+    def listen_host(self) -> str:
+        if self.host is not None:
+            return self.host
+        return "0.0.0.0" if self.tls else "127.0.0.1"  # noqa: S104 - a pod serves on all
+
+    def to_config(self) -> ExtenderConfig:
+        """What the decisions read; ``ValueError`` for levels or weights they refuse."""
+        return ExtenderConfig(
+            levels=tuple(TopologyLevel(name, label) for name, label in self.topology_levels),
+            weights=ScoringWeights(
+                packing=self.weight_packing,
+                island_fit=self.weight_island_fit,
+                gang_locality=self.weight_gang_locality,
+            ),
+            islands_required=self.strict_islands,
+        )

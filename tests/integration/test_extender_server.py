@@ -1,0 +1,855 @@
+"""The extender as kube-scheduler meets it: HTTP(S) on a real socket.
+
+What a cluster admin or kube-scheduler would notice: the captured exchanges get the
+captured answers; 200 binds racing for three nodes never hand a GPU out twice, even when
+the watch breaks in the middle; a pod just bound is counted by the very next /filter;
+bad bodies get a 400 with a reason and logical problems an ``Error``; the server is not
+ready before it has listed the cluster; metrics are there; only kube-scheduler's
+certificate gets in with mutual TLS; and ``python -m extender`` refuses to start on bad
+certificates or an exposed plain-HTTP address, with one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from cluster import jsonio
+from cluster.cache import ClusterCache
+from cluster.clock import ManualClock
+from cluster.convert import pod_from_json
+from cluster.feed import NODES_PATH, PODS_PATH
+from cluster.labels import GPU_INDICES
+from cluster.model import Allocation, PodKey
+from cluster.tls import CertReloader, client_context
+from extender import wire
+from extender.app import CACHE, create_app
+from extender.binder import Binder, BindError, MemoryBinder, Placement
+from extender.settings import ExtenderSettings, parse_levels
+from tests.builders import RACK_LABEL, node_json, pod_json
+from tests.certfiles import Material, make_material
+from tests.fakeapi import FakeApiServer, Fault
+
+ROOT = Path(__file__).resolve().parents[2]
+CAPTURES = ROOT.parent / "shared" / "captures"
+NOW = datetime(2026, 11, 29, 18, 28, tzinfo=UTC)
+LEVELS_TEXT = f"rack={RACK_LABEL},hostname=kubernetes.io/hostname"
+LEVELS = parse_levels(LEVELS_TEXT)
+TOKEN = "extender-test-token"
+WAIT_S = 15.0
+
+
+# ---------------------------------------------------------------- builders
+
+
+def captured(name: str) -> Any:
+    path = CAPTURES / name
+    if not path.is_file():
+        pytest.skip(f"captures not found at {CAPTURES} (the shared folder beside the repo)")
+    return jsonio.loads(path.read_bytes())
+
+
+def capture_cluster(folder: Path) -> Path:
+    """The cluster the captures were recorded on, as ``kubectl get nodes,pods -A -o
+    json`` lists it: node gpu-a exactly as captures/022 shows it, gpu-b its twin, and
+    the three pending pods exactly as kube-scheduler sent them."""
+    gpu_a: dict[str, Any] = {"kind": "Node", "apiVersion": "v1"}
+    gpu_a.update(captured("022-ext-full-filter-request.json")["body"]["Nodes"]["items"][0])
+    gpu_b = copy.deepcopy(gpu_a)
+    gpu_b["metadata"]["name"] = gpu_b["metadata"]["labels"]["kubernetes.io/hostname"] = "gpu-b"
+    gpu_b["metadata"]["uid"] = "e27135de-4f3a-5422-9266-9471417e5573"
+    pods = []
+    for name in ("008-ext-cache-filter", "013-ext-cache-filter", "022-ext-full-filter"):
+        pod: dict[str, Any] = {"kind": "Pod", "apiVersion": "v1"}
+        pod.update(captured(f"{name}-request.json")["body"]["Pod"])
+        pods.append(pod)
+    path = folder / "cluster.json"
+    listing = {"apiVersion": "v1", "kind": "List", "items": [gpu_a, gpu_b, *pods]}
+    path.write_bytes(jsonio.dumps(listing))
+    return path
+
+
+def cluster_file(folder: Path, objects: Iterable[Mapping[str, Any]]) -> Path:
+    path = folder / "cluster.json"
+    path.write_bytes(jsonio.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
+    return path
+
+
+def write_kubeconfig(folder: Path, api: FakeApiServer) -> Path:
+    path = folder / "kubeconfig"
+    path.write_bytes(
+        jsonio.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                "users": [{"name": "extender", "user": {"token": TOKEN}}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "extender"}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path
+
+
+def filter_args(pod: Mapping[str, Any], names: Iterable[str]) -> bytes:
+    return wire.encode_extender_args(pod, node_names=list(names))
+
+
+def bind_args(pod: Mapping[str, Any], node: str) -> bytes:
+    meta = pod["metadata"]
+    return wire.encode_binding_args(meta["namespace"], meta["name"], meta["uid"], node)
+
+
+def key_of(pod: Mapping[str, Any]) -> PodKey:
+    return PodKey(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+# ---------------------------------------------------------------- the server under test
+
+
+@dataclass
+class Extender:
+    url: str
+    session: aiohttp.ClientSession
+    app: web.Application
+
+    @property
+    def cache(self) -> ClusterCache:
+        return self.app[CACHE]
+
+    async def post(
+        self, path: str, body: bytes, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, Any]:
+        sent = {"Content-Type": "application/json", **(headers or {})}
+        async with self.session.post(self.url + path, data=body, headers=sent) as response:
+            return response.status, jsonio.loads(await response.read())
+
+    async def get(self, path: str) -> tuple[int, str]:
+        async with self.session.get(self.url + path) as response:
+            return response.status, await response.text()
+
+    async def replay(self, capture: str) -> tuple[int, Any]:
+        """A captured request as kube-scheduler sent it: path, body and its headers."""
+        request = captured(f"{capture}-request.json")
+        kept = ("User-Agent", "Content-Type", "Accept-Encoding")
+        headers = {k: v for k, v in request["headers"].items() if k in kept}
+        return await self.post(request["path"], jsonio.dumps(request["body"]), headers)
+
+    async def ready(self) -> None:
+        async with asyncio.timeout(WAIT_S):
+            # readiness is only visible over HTTP, as a kubelet probe sees it
+            while (await self.get("/readyz"))[0] != 200:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    settings: ExtenderSettings,
+    *,
+    server_tls: ssl.SSLContext | None = None,
+    client_tls: ssl.SSLContext | None = None,
+    cache: ClusterCache | None = None,
+    binder: Binder | None = None,
+    clock: ManualClock | None = None,
+) -> AsyncIterator[Extender]:
+    app = create_app(settings, cache=cache, binder=binder, clock=clock or ManualClock(NOW))
+    runner = web.AppRunner(app, shutdown_timeout=1.0)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls)
+        await site.start()
+        port = runner.addresses[0][1]
+        url = f"https://localhost:{port}" if server_tls else f"http://127.0.0.1:{port}"
+        connector = aiohttp.TCPConnector(limit=20, ssl=client_tls or True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            yield Extender(url, session, app)
+    finally:
+        await runner.cleanup()
+
+
+@dataclass
+class GatedBinder:
+    """Holds every bind until ``release`` is set, then hands it to ``behind``."""
+
+    behind: Binder
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    calls: list[Placement] = field(default_factory=list)
+
+    async def bind(self, placement: Placement) -> None:
+        self.calls.append(placement)
+        self.entered.set()
+        await self.release.wait()
+        await self.behind.bind(placement)
+
+
+@dataclass
+class FailingBinder:
+    """Every bind fails; ``uncertain`` as when the connection broke mid-bind."""
+
+    uncertain: bool
+
+    async def bind(self, placement: Placement) -> None:
+        raise BindError(f"cannot bind pod {placement.pod.key}: injected", uncertain=self.uncertain)
+
+
+def file_extender(
+    tmp_path: Path, objects: Iterable[Mapping[str, Any]], **overrides: Any
+) -> tuple[ExtenderSettings, ManualClock, ClusterCache]:
+    settings = ExtenderSettings(
+        cluster_file=cluster_file(tmp_path, objects), topology_levels=LEVELS, **overrides
+    )
+    clock = ManualClock(NOW)
+    return settings, clock, ClusterCache(clock, settings.assume_ttl_s)
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeApiServer]:
+    async with FakeApiServer(token=TOKEN) as server:
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def api_extender(api: FakeApiServer, folder: Path, **kwargs: Any) -> AsyncIterator[Extender]:
+    settings = ExtenderSettings(kubeconfig=write_kubeconfig(folder, api), topology_levels=LEVELS)
+    async with serving(settings, **kwargs) as ext:
+        await ext.ready()
+        yield ext
+
+
+async def eventually(check: Callable[[], bool], what: str) -> None:
+    try:
+        async with asyncio.timeout(WAIT_S):
+            # The cache has no change signal by design (readers take snapshots): poll.
+            while not check():  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        pytest.fail(f"never happened: {what}")
+
+
+# ---------------------------------------------------------------- the captured exchanges
+
+
+async def test_captured_exchanges_replayed_over_http_get_the_captured_answers(
+    tmp_path: Path,
+) -> None:
+    settings = ExtenderSettings(cluster_file=capture_cluster(tmp_path), topology_levels=LEVELS)
+    clock = ManualClock(NOW)
+    cache = ClusterCache(clock)
+    gate = GatedBinder(MemoryBinder(cache))
+    async with serving(settings, cache=cache, binder=gate, clock=clock) as ext:
+        assert await ext.replay("008-ext-cache-filter") == (
+            200,
+            captured("009-ext-cache-filter-response.json"),
+        )
+        status, scores = await ext.replay("010-ext-cache-prioritize")
+        assert status == 200
+        assert_captured_priority_shape(scores, "011-ext-cache-prioritize-response.json")
+
+        # captures/013: the second pod's /filter arrives before the first /bind is answered
+        first_bind = asyncio.create_task(ext.replay("012-ext-cache-bind"))
+        async with asyncio.timeout(WAIT_S):
+            await gate.entered.wait()
+        assert await ext.replay("013-ext-cache-filter") == (
+            200,
+            captured("014-ext-cache-filter-response.json"),
+        )
+        status, scores = await ext.replay("015-ext-cache-prioritize")
+        assert status == 200
+        assert_captured_priority_shape(scores, "016-ext-cache-prioritize-response.json")
+        gate.release.set()
+        assert await first_bind == (200, captured("017-ext-cache-bind-response.json"))
+        assert await ext.replay("018-ext-cache-bind") == (
+            200,
+            captured("019-ext-cache-bind-response.json"),
+        )
+
+        # the full-Node profile (nodeCacheCapable: false); NodeNames is null on the wire
+        status, body = await ext.replay("022-ext-full-filter")
+        assert body.pop("NodeNames") is None
+        assert (status, body) == (200, captured("023-ext-full-filter-response.json"))
+        assert await ext.replay("024-ext-full-bind") == (
+            200,
+            captured("025-ext-full-bind-response.json"),
+        )
+
+    pods = cache.snapshot().pods
+    placed = {key: (pods[key].node, pods[key].gpu_indices) for key in pods}
+    assert placed == {
+        "team-nlp/finetune-cslh4-lmxmr": ("gpu-b", (0, 1, 2, 3)),
+        "team-nlp/finetune-cslh4-sdskf": ("gpu-b", (4, 5, 6, 7)),
+        "team-nlp/notebook": ("gpu-a", (0,)),
+    }
+    assert cache.snapshot().assumed == frozenset()
+
+
+def assert_captured_priority_shape(ours: list[dict[str, Any]], capture: str) -> None:
+    """Same hosts in the same order, same keys; the scores are ours, not the recorder's."""
+    theirs = captured(capture)
+    assert [sorted(e) for e in ours] == [sorted(e) for e in theirs]
+    assert [e["Host"] for e in ours] == [e["Host"] for e in theirs]
+    assert all(isinstance(e["Score"], int) and 0 <= e["Score"] <= 10 for e in ours)
+
+
+async def test_a_pod_known_only_from_its_filter_request_can_be_bound(tmp_path: Path) -> None:
+    """kube-scheduler may bind a pod before the extender's watch (or file) shows it."""
+    settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a", rack="r1")])
+    newcomer = pod_json("newcomer-0", gpus=2)
+    async with serving(settings, cache=cache, clock=clock) as ext:
+        assert (await ext.post("/filter", filter_args(newcomer, ["gpu-a"])))[1]["NodeNames"] == [
+            "gpu-a"
+        ]
+        assert await ext.post("/bind", bind_args(newcomer, "gpu-a")) == (200, {"Error": ""})
+    bound = cache.snapshot().pods[key_of(newcomer)]
+    assert (bound.node, len(bound.gpu_indices)) == ("gpu-a", 2)
+
+
+# ---------------------------------------------------------------- bind and the cache
+
+
+async def test_filter_right_after_bind_counts_the_pod_before_the_watch_shows_it(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put(NODES_PATH, node_json("gpu-a", rack="r1"))
+    first = api.put(PODS_PATH, pod_json("big-0", gpus=8))
+    second = api.put(PODS_PATH, pod_json("big-1", gpus=8))
+    async with api_extender(api, tmp_path) as ext:
+        with api.withheld():  # the watch lags: nothing reaches the extender's cache
+            assert await ext.post("/bind", bind_args(first, "gpu-a")) == (200, {"Error": ""})
+            assert api.objects(PODS_PATH)["team-nlp/big-0"]["spec"]["nodeName"] == "gpu-a"
+            status, result = await ext.post("/filter", filter_args(second, ["gpu-a"]))
+        assert status == 200
+        assert result["NodeNames"] == []
+        assert "in use" in result["FailedNodes"]["gpu-a"]
+        assert ext.cache.snapshot().assumed == {key_of(first)}
+
+
+@pytest.mark.parametrize(
+    ("uncertain", "freed_at_once"),
+    [
+        pytest.param(False, True, id="refused-bind-forgets-at-once"),
+        pytest.param(True, False, id="maybe-bound-stays-until-the-ttl"),
+    ],
+)
+async def test_a_failed_bind_gives_its_gpus_back(
+    tmp_path: Path, uncertain: bool, freed_at_once: bool
+) -> None:
+    settings, clock, cache = file_extender(
+        tmp_path, [node_json("gpu-a", rack="r1")], assume_ttl_s=30, expire_interval_s=0.01
+    )
+    first, second = pod_json("big-0", gpus=8), pod_json("big-1", gpus=8)
+    binder = FailingBinder(uncertain)
+    async with serving(settings, cache=cache, binder=binder, clock=clock) as ext:
+        await ext.post("/filter", filter_args(first, ["gpu-a"]))
+        status, answer = await ext.post("/bind", bind_args(first, "gpu-a"))
+        assert status == 200
+        assert "injected" in answer["Error"]
+
+        async def fits() -> bool:
+            result = (await ext.post("/filter", filter_args(second, ["gpu-a"])))[1]
+            return bool(result["NodeNames"] == ["gpu-a"])
+
+        assert await fits() is freed_at_once
+        clock.advance(31)
+        async with asyncio.timeout(WAIT_S):
+            while not await fits():  # noqa: ASYNC110 - the expiry shows only in answers
+                await asyncio.sleep(0.02)
+
+
+async def test_a_bind_repeated_while_under_way_waits_for_the_first(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kube-scheduler repeats a bind after its httpTimeout; the pod is bound once."""
+    caplog.set_level(logging.INFO, logger="extender.app")
+    settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a"), node_json("gpu-b")])
+    pod = pod_json("slow-0", gpus=4)
+    gate = GatedBinder(MemoryBinder(cache))
+    async with serving(settings, cache=cache, binder=gate, clock=clock) as ext:
+        await ext.post("/filter", filter_args(pod, ["gpu-a", "gpu-b"]))
+        first = asyncio.create_task(ext.post("/bind", bind_args(pod, "gpu-a")))
+        async with asyncio.timeout(WAIT_S):
+            await gate.entered.wait()
+        again = asyncio.create_task(ext.post("/bind", bind_args(pod, "gpu-a")))
+        await eventually(
+            lambda: any(r.message == "bind repeated while under way" for r in caplog.records),
+            "the repeated bind reached the server",
+        )
+        elsewhere = await ext.post("/bind", bind_args(pod, "gpu-b"))
+        assert "already being bound to node gpu-a" in elsewhere[1]["Error"]
+        gate.release.set()
+        assert await first == await again == (200, {"Error": ""})
+    assert len(gate.calls) == 1
+
+
+# ---------------------------------------------------------------- racing binds
+
+
+def gpu_use(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], int]:
+    """Milli-GPUs per (node, GPU index), from bound pods and their gpu-indices."""
+    use: dict[tuple[str, int], int] = defaultdict(int)
+    for obj in pods:
+        pod = pod_from_json(obj)
+        if pod.node is None:
+            continue
+        assert pod.gpu_indices, f"{pod.key} is bound without {GPU_INDICES}"
+        for index in pod.gpu_indices:
+            use[(pod.node, index)] += pod.demand.milli_per_gpu
+    return use
+
+
+SHAPES: tuple[tuple[int, int], ...] = ((1, 0), (2, 0), (4, 0), (0, 300), (0, 500))
+"""(whole GPUs, milli of one GPU) of the racing pods, in turn."""
+
+
+@pytest.mark.parametrize("drops_after", [(), (40, 120)], ids=["steady-watch", "watch-drops"])
+async def test_200_concurrent_binds_never_give_a_gpu_twice(
+    api: FakeApiServer, tmp_path: Path, drops_after: tuple[int, ...]
+) -> None:
+    names = ["gpu-0", "gpu-1", "gpu-2"]
+    for name in names:
+        api.put(NODES_PATH, node_json(name, rack="r1", islands="0-3,4-7"))
+    pods = []
+    for i in range(200):
+        gpus, milli = SHAPES[i % len(SHAPES)]
+        pods.append(api.put(PODS_PATH, pod_json(f"race-{i}", gpus=gpus, gpu_milli=milli)))
+    answered = 0
+
+    async with api_extender(api, tmp_path) as ext:
+
+        async def schedule(i: int, pod: dict[str, Any]) -> tuple[PodKey, str, str]:
+            """What kube-scheduler does for one pod: filter, pick a node, bind."""
+            nonlocal answered
+            result = (await ext.post("/filter", filter_args(pod, names)))[1]
+            fits = result["NodeNames"]
+            # a loser's filter may find nothing left: it binds anyway, to race
+            node = fits[i % len(fits)] if fits else names[i % len(names)]
+            status, answer = await ext.post("/bind", bind_args(pod, node))
+            assert status == 200
+            answered += 1
+            if answered in drops_after:
+                api.drop_watches()
+            return key_of(pod), node, answer["Error"]
+
+        results = await asyncio.gather(*(schedule(i, pod) for i, pod in enumerate(pods)))
+
+        stored = api.objects(PODS_PATH)
+        assert max(gpu_use(stored.values()).values()) <= 1000
+        winners = {key: node for key, node, error in results if not error}
+        losers = [(key, error) for key, _, error in results if error]
+        assert winners
+        assert losers
+        assert all("cannot bind" in error for _, error in losers)
+        for key, node in winners.items():
+            assert stored[key]["spec"]["nodeName"] == node
+        for key, _ in losers:
+            assert "nodeName" not in stored[key]["spec"]
+            assert GPU_INDICES not in stored[key]["metadata"].get("annotations", {})
+        # losers were refused from the cache, before any API call
+        bindings = [r for r in api.requests_of("post") if r.path.endswith("/binding")]
+        assert len(bindings) == len(winners)
+
+        # once the watch has caught up, the cache holds exactly what the API holds
+        await eventually(lambda: not ext.cache.snapshot().assumed, "every bind confirmed")
+        snapshot = ext.cache.snapshot()
+        truth = {}
+        for key in winners:
+            pod = pod_from_json(stored[key])
+            assert pod.node is not None
+            truth[key] = Allocation(pod.node, pod.gpu_indices, pod.demand.milli_per_gpu)
+        assert {key: snapshot.allocations[key] for key in truth} == truth
+        assert set(snapshot.allocations) == set(truth)
+        assert snapshot.assumed == frozenset()
+
+
+async def test_bindings_are_what_the_default_binder_posts(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put(NODES_PATH, node_json("gpu-a"))
+    pod = api.put(PODS_PATH, pod_json("train-0", gpus=2))
+    async with api_extender(api, tmp_path) as ext:
+        assert await ext.post("/bind", bind_args(pod, "gpu-a")) == (200, {"Error": ""})
+    patch, post = api.requests_of("patch"), api.requests_of("post")
+    assert [r.path for r in (*patch, *post)] == [
+        "/api/v1/namespaces/team-nlp/pods/train-0",
+        "/api/v1/namespaces/team-nlp/pods/train-0/binding",
+    ]
+    assert patch[0].headers["Content-Type"] == "application/merge-patch+json"
+    assert patch[0].headers["Authorization"] == f"Bearer {TOKEN}"
+    uid = pod["metadata"]["uid"]
+    assert patch[0].json() == {"metadata": {"annotations": {GPU_INDICES: "0,1"}, "uid": uid}}
+    assert post[0].json() == {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": "train-0", "namespace": "team-nlp", "uid": uid},
+        "target": {"kind": "Node", "name": "gpu-a"},
+    }
+
+
+async def test_a_refused_binding_is_an_error_and_frees_the_gpus(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put(NODES_PATH, node_json("gpu-a"))
+    pod = api.put(PODS_PATH, pod_json("train-0", gpus=8))
+    async with api_extender(api, tmp_path) as ext:
+        api.faults.append(Fault("post", 403, "Forbidden", "binding is forbidden"))
+        status, answer = await ext.post("/bind", bind_args(pod, "gpu-a"))
+        assert status == 200
+        assert "forbidden" in answer["Error"]
+        assert ext.cache.snapshot().assumed == frozenset()
+        result = (await ext.post("/filter", filter_args(pod, ["gpu-a"])))[1]
+        assert result["NodeNames"] == ["gpu-a"]
+    assert GPU_INDICES not in api.objects(PODS_PATH)["team-nlp/train-0"]["metadata"].get(
+        "annotations", {}
+    )
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("path", ["/filter", "/prioritize", "/bind", "/preempt"])
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        pytest.param(b'{"Pod": {', "not valid JSON", id="truncated"),
+        pytest.param(b"", "not valid JSON", id="empty"),
+        pytest.param(b'[{"Pod": {}}]', "JSON array", id="array"),
+        pytest.param(b'"filter"', "JSON string", id="string"),
+    ],
+)
+async def test_a_body_that_is_no_extender_request_gets_400_with_a_reason(
+    tmp_path: Path, path: str, body: bytes, reason: str
+) -> None:
+    settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a")])
+    async with serving(settings, cache=cache, clock=clock) as ext:
+        status, answer = await ext.post(path, body)
+        assert status == 400
+        assert reason in answer["Error"]
+        assert (await ext.get("/healthz"))[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "expected"),
+    [
+        pytest.param(
+            "/bind",
+            wire.encode_binding_args("team-nlp", "ghost-0", "0000", "gpu-a"),
+            "not in the extender's cache",
+            id="bind-unknown-pod",
+        ),
+        pytest.param(
+            "/bind",
+            bind_args(pod_json("train-0", gpus=1), "gpu-z"),
+            "node gpu-z is not in the extender's cache",
+            id="bind-unknown-node",
+        ),
+        pytest.param(
+            "/filter",
+            wire.encode_extender_args(pod_json("train-0", gpus=1)),
+            "names no nodes",
+            id="filter-without-candidates",
+        ),
+    ],
+)
+async def test_a_logical_problem_is_200_with_error(
+    tmp_path: Path, path: str, body: bytes, expected: str
+) -> None:
+    settings, clock, cache = file_extender(
+        tmp_path, [node_json("gpu-a"), pod_json("train-0", gpus=1)]
+    )
+    async with serving(settings, cache=cache, clock=clock) as ext:
+        status, answer = await ext.post(path, body)
+    assert status == 200
+    assert expected in answer["Error"]
+
+
+async def test_an_unknown_candidate_is_unresolvable(tmp_path: Path) -> None:
+    settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a")])
+    async with serving(settings, cache=cache, clock=clock) as ext:
+        status, result = await ext.post(
+            "/filter", filter_args(pod_json("train-0", gpus=1), ["gpu-a", "gpu-z"])
+        )
+    assert status == 200
+    assert result["NodeNames"] == ["gpu-a"]
+    assert "not in the extender's cache" in result["FailedAndUnresolvableNodes"]["gpu-z"]
+
+
+# ---------------------------------------------------------------- readiness and metrics
+
+
+async def test_not_ready_until_nodes_and_pods_are_listed(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put(NODES_PATH, node_json("gpu-a"))
+    pod = api.put(PODS_PATH, pod_json("train-0", gpus=1))
+    listing = asyncio.Event()
+
+    async def hold(_: object) -> None:
+        await listing.wait()
+
+    api.before_list = hold
+    settings = ExtenderSettings(kubeconfig=write_kubeconfig(tmp_path, api))
+    async with serving(settings) as ext:
+        assert (await ext.get("/readyz"))[0] == 503
+        status, answer = await ext.post("/filter", filter_args(pod, ["gpu-a"]))
+        assert status == 503
+        assert "not synced" in answer["Error"]
+        listing.set()
+        await ext.ready()
+        status, result = await ext.post("/filter", filter_args(pod, ["gpu-a"]))
+        assert (status, result["NodeNames"]) == (200, ["gpu-a"])
+
+
+async def test_metrics_report_verbs_reasons_assumptions_and_gpus(tmp_path: Path) -> None:
+    first, second = pod_json("big-0", gpus=8), pod_json("share-0", gpu_milli=250)
+    settings, clock, cache = file_extender(
+        tmp_path, [node_json("gpu-a", islands="0-3,4-7"), node_json("gpu-b"), first, second]
+    )
+    gate = GatedBinder(MemoryBinder(cache))
+    async with serving(settings, cache=cache, binder=gate, clock=clock) as ext:
+        await ext.post("/filter", filter_args(first, ["gpu-a", "gpu-b"]))
+        await ext.post("/prioritize", filter_args(first, ["gpu-a", "gpu-b"]))
+        binding = asyncio.create_task(ext.post("/bind", bind_args(first, "gpu-b")))
+        async with asyncio.timeout(WAIT_S):
+            await gate.entered.wait()
+        await ext.post("/filter", filter_args(first, ["gpu-a", "gpu-b"]))
+        await ext.post("/filter", b"garbage")
+        _, while_binding = await ext.get("/metrics")
+        gate.release.set()
+        await binding
+        await ext.post("/bind", bind_args(second, "gpu-a"))
+        _, text = await ext.get("/metrics")
+
+    assert "tessera_extender_assumed_pods 1.0" in while_binding
+    assert "tessera_extender_assumed_pods 0.0" in text
+    for verb in ("filter", "prioritize", "bind"):
+        assert f'tessera_extender_request_seconds_bucket{{le="0.001",verb="{verb}"}}' in text
+        assert f'tessera_extender_decision_seconds_count{{verb="{verb}"}}' in text
+    assert 'tessera_extender_decisions_total{result="ok",verb="filter"} 2.0' in text
+    assert 'tessera_extender_decisions_total{result="bad_request",verb="filter"} 1.0' in text
+    assert 'tessera_extender_decisions_total{result="ok",verb="bind"} 2.0' in text
+    assert 'tessera_extender_filter_nodes_total{result="fit"} 3.0' in text
+    assert 'tessera_extender_filter_nodes_total{result="failed"} 1.0' in text
+    assert 'tessera_extender_filter_reasons_total{reason="gpus_in_use"} 1.0' in text
+    assert 'tessera_extender_assumptions_total{outcome="confirmed"} 2.0' in text
+    h100 = 'product="NVIDIA-H100-80GB-HBM3"'
+    assert f'tessera_extender_gpus{{{h100},state="total"}} 16.0' in text
+    assert f'tessera_extender_gpus{{{h100},state="allocated"}} 8.25' in text
+    assert f'tessera_extender_gpus{{{h100},state="free"}} 7.75' in text
+    assert f'tessera_extender_gpus{{{h100},state="whole_free"}} 7.0' in text
+    assert f"tessera_extender_gpu_fragmentation_ratio{{{h100}}} {0.75 / 7.75}" in text
+    assert "tessera_extender_bind_api_seconds_count 2.0" in text
+
+
+# ---------------------------------------------------------------- mutual TLS
+
+
+@pytest.fixture(scope="module")
+def material(tmp_path_factory: pytest.TempPathFactory) -> Material:
+    return make_material(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="module")
+def stranger(tmp_path_factory: pytest.TempPathFactory) -> Material:
+    """Certificates from another CA, with the very same names."""
+    return make_material(tmp_path_factory.mktemp("other-ca"))
+
+
+def mtls_settings(material: Material, cluster: Path) -> ExtenderSettings:
+    return ExtenderSettings(
+        tls_cert=material["extender.crt"],
+        tls_key=material["extender.key"],
+        client_ca=material["ca-bundle.crt"],
+        cluster_file=cluster,
+        topology_levels=LEVELS,
+    )
+
+
+@pytest.mark.parametrize(
+    ("client", "accepted"),
+    [
+        pytest.param(lambda m, s: client_context(m["ca.crt"]), False, id="no-client-cert"),
+        pytest.param(
+            lambda m, s: client_context(
+                m["ca.crt"], s["kube-scheduler.crt"], s["kube-scheduler.key"]
+            ),
+            False,
+            id="client-cert-from-another-ca",
+        ),
+        pytest.param(
+            lambda m, s: client_context(
+                m["ca.crt"], m["kube-scheduler.crt"], m["kube-scheduler.key"]
+            ),
+            True,
+            id="kube-scheduler",
+        ),
+    ],
+)
+async def test_mutual_tls_lets_only_kube_scheduler_in(
+    material: Material,
+    stranger: Material,
+    tmp_path: Path,
+    client: Callable[[Material, Material], ssl.SSLContext],
+    accepted: bool,
+) -> None:
+    settings = mtls_settings(material, capture_cluster(tmp_path))
+    served = CertReloader(
+        material["extender.crt"], material["extender.key"], client_ca=material["ca-bundle.crt"]
+    )
+    async with serving(
+        settings, server_tls=served.context, client_tls=client(material, stranger)
+    ) as ext:
+        if accepted:
+            assert await ext.replay("008-ext-cache-filter") == (
+                200,
+                captured("009-ext-cache-filter-response.json"),
+            )
+        else:
+            with pytest.raises(aiohttp.ClientError):
+                await ext.replay("008-ext-cache-filter")
+
+
+# ---------------------------------------------------------------- python -m extender
+
+
+def main_env(**extra: str) -> dict[str, str]:
+    """This process's environment without TESSERA_EXTENDER_* settings, plus ``extra``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_EXTENDER_")}
+    return {**clean, **extra}
+
+
+def run_main(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "extender", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+        env=main_env(**(env or {})),
+    )
+
+
+def test_main_refuses_a_mismatched_key_with_one_line_naming_the_file(
+    material: Material, tmp_path: Path
+) -> None:
+    result = run_main(
+        "--tls-cert",
+        str(material["extender.crt"]),
+        "--tls-key",
+        str(material["webhook.key"]),
+        "--cluster-file",
+        str(cluster_file(tmp_path, [node_json("gpu-a")])),
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert str(material["webhook.key"]) in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        pytest.param(("--host", "0.0.0.0"), {}, id="flag"),
+        pytest.param((), {"TESSERA_EXTENDER_HOST": "10.1.2.3"}, id="environment"),
+    ],
+)
+def test_main_refuses_plain_http_on_a_non_loopback_address(
+    tmp_path: Path, args: tuple[str, ...], env: dict[str, str]
+) -> None:
+    cluster = str(cluster_file(tmp_path, [node_json("gpu-a")]))
+    result = run_main(*args, "--cluster-file", cluster, env=env)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "refusing plain HTTP" in result.stderr
+
+
+def test_main_refuses_a_missing_cluster_file_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    result = run_main("--port", str(free_port()), "--cluster-file", str(missing))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert str(missing) in result.stderr
+
+
+async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
+    material: Material, tmp_path: Path
+) -> None:
+    port = free_port()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "extender",
+        "--port",
+        str(port),
+        "--tls-cert",
+        str(material["extender.crt"]),
+        "--tls-key",
+        str(material["extender.key"]),
+        "--client-ca",
+        str(material["ca-bundle.crt"]),
+        "--cluster-file",
+        str(capture_cluster(tmp_path)),
+        cwd=ROOT,
+        env=main_env(TESSERA_EXTENDER_TOPOLOGY_LEVELS=LEVELS_TEXT),
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    context = client_context(
+        material["ca.crt"], material["kube-scheduler.crt"], material["kube-scheduler.key"]
+    )
+    try:
+        connector = aiohttp.TCPConnector(ssl=context)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            ext = Extender(f"https://localhost:{port}", session, web.Application())
+            async with asyncio.timeout(30):
+                while True:
+                    with contextlib.suppress(aiohttp.ClientConnectionError):
+                        if (await ext.get("/readyz"))[0] == 200:
+                            break
+                    await asyncio.sleep(0.1)
+            assert await ext.replay("008-ext-cache-filter") == (
+                200,
+                captured("009-ext-cache-filter-response.json"),
+            )
+            assert await ext.replay("012-ext-cache-bind") == (
+                200,
+                captured("017-ext-cache-bind-response.json"),
+            )
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        assert process.stderr is not None
+        logged = (await process.stderr.read()).decode()
+    assert "serving" in logged
+    assert "bound pod=team-nlp/finetune-cslh4-lmxmr node=gpu-b gpus=0,1,2,3" in logged
