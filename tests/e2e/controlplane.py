@@ -252,23 +252,25 @@ class ControlPlane:
             self.stop()
             raise
 
-    def start_scheduler(self, config: Path) -> None:
+    def start_scheduler(self, config: Path, *, kubeconfig: Path | None = None) -> None:
         """Start kube-scheduler with ``config`` (a KubeSchedulerConfiguration), pointed at
-        this API server and with leader election off; returns once it is healthy."""
+        this API server and with leader election off; returns once it is healthy. It acts
+        as cluster admin unless given a ``kubeconfig`` (e.g. a ServiceAccount's, to test
+        the RBAC an install grants it)."""
+        client = str(kubeconfig or self.credentials.kubeconfig)
         document = yaml.safe_load(config.read_text())
-        document.setdefault("clientConnection", {})["kubeconfig"] = str(self.credentials.kubeconfig)
+        document.setdefault("clientConnection", {})["kubeconfig"] = client
         document.setdefault("leaderElection", {})["leaderElect"] = False
         effective = self._workdir / "kube-scheduler-config.yaml"
         effective.write_text(yaml.safe_dump(document, sort_keys=False))
         port = self._ports.scheduler
-        kubeconfig = str(self.credentials.kubeconfig)
         self._spawn(
             "kube-scheduler",
             f"--config={effective}",
             f"--bind-address={LOOPBACK}",
             f"--secure-port={port}",
-            f"--authentication-kubeconfig={kubeconfig}",
-            f"--authorization-kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={client}",
+            f"--authorization-kubeconfig={client}",
         )
         self._wait_healthy("kube-scheduler", port, "/healthz", _unverified_tls())
 

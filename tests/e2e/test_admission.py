@@ -77,9 +77,15 @@ def test_a_queued_job_is_stored_suspended_with_what_its_queue_implies(e2e: E2ECl
     assert pod["containers"][0]["resources"]["limits"][labels.GPU_RESOURCE] == "4"
 
 
+FORBIDDEN = 'Error from server (Forbidden): error when creating "STDIN": '
+INVALID = 'The request is invalid: error when creating "STDIN": '
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
     job: dict[str, Any]
+    kubectl: str
+    """How kubectl opens the error: the webhook's 403 or 422, as the user sees it."""
     says: tuple[str, ...]
     """Fragments of the webhook's message, in order."""
 
@@ -87,6 +93,7 @@ class Refusal:
 REFUSALS = {
     "unknown queue": Refusal(
         gpu_job("typo-queue", gpus=1, queue="trainng"),
+        FORBIDDEN,
         (
             f"LocalQueue 'trainng' (label {labels.QUEUE_NAME}) does not exist in namespace "
             f"{NAMESPACE}",
@@ -95,6 +102,7 @@ REFUSALS = {
     ),
     "over quota": Refusal(
         gpu_job("too-big", pods=6, gpus=8),
+        FORBIDDEN,
         (
             "job too-big asks for 48 GPUs (6 pods × 8)",  # noqa: RUF001 - as the webhook says
             "can get at most 40 GPUs in flavor e2e-h100-reserved",
@@ -102,6 +110,7 @@ REFUSALS = {
     ),
     "impossible gang": Refusal(
         gpu_job("gang-min-too-high", pods=4, gpus=4, annotations={labels.GANG_MIN: "5"}),
+        INVALID,
         (
             f"annotation {labels.GANG_MIN}='5' must be a whole number from 1 to the 4 pods "
             "of job gang-min-too-high",
@@ -119,13 +128,13 @@ def test_jobs_that_can_never_run_are_refused_with_tesseras_message(
     created = e2e.create(to_yaml(case.job))
 
     assert created.returncode != 0
-    webhooks = e2e.install.webhook_names
-    prefix = next(
-        (f'admission webhook "{w}" denied the request: ' for w in webhooks if w in created.stderr),
-        None,
-    )
-    assert prefix is not None, created.stderr
-    message = created.stderr.split(prefix, 1)[1]
+    prefixes = [
+        f'{case.kubectl}admission webhook "{w}" denied the request: '
+        for w in e2e.install.webhook_names
+    ]
+    prefix = next((p for p in prefixes if created.stderr.startswith(p)), None)
+    assert prefix is not None, f"{created.stderr!r} does not start with one of {prefixes}"
+    message = created.stderr.removeprefix(prefix)
     position = 0
     for fragment in case.says:
         found = message.find(fragment, position)

@@ -40,20 +40,23 @@ def test_pods_bind_without_double_allocation_across_an_extender_restart(
     _create(e2e, gpu_job(SECOND, pods=2, gpus=2, pool=RESTART_POOL))
 
     e2e.unsuspend(FIRST)
-    # crash it the moment the first pod is bound (a watch reacts within milliseconds)
-    e2e.api.watch_until(
-        f"a bound pod of job {FIRST}",
-        f"/api/v1/namespaces/{NAMESPACE}/pods",
-        _bound,
-        labelSelector=f"{labels.JOB_NAME}={FIRST}",
-    )
-    e2e.extender.kill()
-    e2e.unsuspend(SECOND)
-    # kube-scheduler keeps trying while the extender is down; the pods wait, none is
-    # placed without it
-    down = e2e.wait_scheduling_failure(SECOND)
-    assert all(not p.node for p in e2e.placements(SECOND)), e2e.describe_pods(SECOND)
-    e2e.extender.start()
+    try:
+        # crash it the moment the first pod is bound (a watch reacts within milliseconds)
+        e2e.api.watch_until(
+            f"a bound pod of job {FIRST}",
+            f"/api/v1/namespaces/{NAMESPACE}/pods",
+            _bound,
+            labelSelector=f"{labels.JOB_NAME}={FIRST}",
+        )
+        e2e.extender.kill()
+        e2e.unsuspend(SECOND)
+        # kube-scheduler keeps trying while the extender is down; the pods wait, none is
+        # placed without it
+        down = e2e.wait_scheduling_failure(SECOND)
+        assert all(not p.node for p in e2e.placements(SECOND)), e2e.describe_pods(SECOND)
+    finally:
+        if not e2e.extender.running:  # also when this test fails: other scenarios need it
+            e2e.extender.start()
     first = e2e.wait_bound(FIRST, 6)
     second = e2e.wait_bound(SECOND, 2)
 

@@ -117,8 +117,8 @@ def test_a_job_that_would_outlast_a_maintenance_window_does_not_start_there(
 
     # ten minutes end before the maintenance: allowed on the draining node
     assert short.node == "maint-drain"
-    # four hours do not: refused there, and placed on the steady node instead, although
-    # packing alone would prefer the draining node, whose GPUs are already in use
+    # four hours do not: refused there (as `kubectl describe` shows), and placed on the
+    # pool's other node instead
     assert "drains for maintenance" in failure
     assert "time limit of 4h" in failure
     assert_never_bound(e2e, "train-long-pinned")
