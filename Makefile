@@ -30,8 +30,8 @@ check: $(STAMP) ## ruff, ruff format, mypy --strict, import-linter
 test: check ## the full suite: checks, then every test layer
 	$(BIN)/python -m pytest
 
-certs: $(STAMP) ## make the CA and the serving/client certificates in certs-out/
-	$(BIN)/python -m certs --out certs-out --dns localhost --ip 127.0.0.1
+certs: $(STAMP) ## make the CA and certificates in certs-out/, caBundle into manifests/
+	$(BIN)/python -m certs --out certs-out --dns localhost --ip 127.0.0.1 --patch-manifests
 
 demo: $(STAMP) ## a short self-contained run of the cluster model on real trace data
 	$(BIN)/python -m loadtest demo
