@@ -738,8 +738,13 @@ async def test_mutual_tls_lets_only_kube_scheduler_in(
 
 
 def main_env(**extra: str) -> dict[str, str]:
-    """This process's environment without TESSERA_EXTENDER_* settings, plus ``extra``."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_EXTENDER_")}
+    """This process's environment without extender settings or an in-cluster API
+    address, plus ``extra``."""
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TESSERA_EXTENDER_", "KUBERNETES_SERVICE_"))
+    }
     return {**clean, **extra}
 
 
@@ -790,12 +795,24 @@ def test_main_refuses_plain_http_on_a_non_loopback_address(
     assert "refusing plain HTTP" in result.stderr
 
 
-def test_main_refuses_a_missing_cluster_file_naming_it(tmp_path: Path) -> None:
-    missing = tmp_path / "nope.yaml"
-    result = run_main("--port", str(free_port()), "--cluster-file", str(missing))
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        pytest.param(("--cluster-file", "{tmp}/nope.yaml"), "{tmp}/nope.yaml", id="cluster-file"),
+        pytest.param(("--kubeconfig", "{tmp}/nope"), "{tmp}/nope", id="kubeconfig"),
+        pytest.param((), "KUBERNETES_SERVICE_HOST", id="in-cluster-outside-a-cluster"),
+    ],
+)
+def test_main_without_a_usable_cluster_source_says_which(
+    tmp_path: Path, source: tuple[str, ...], expected: str
+) -> None:
+    args = [arg.format(tmp=tmp_path) for arg in source]
+    result = run_main("--port", str(free_port()), *args)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
-    assert str(missing) in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("python -m extender: ")
+    assert expected.format(tmp=tmp_path) in last
 
 
 async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
