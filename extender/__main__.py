@@ -1,8 +1,10 @@
 """``python -m extender``: serve the scheduler extender to kube-scheduler.
 
 Layer: ROOT. The only module that reads the environment: every flag has a
-``TESSERA_EXTENDER_<FLAG>`` variable. Exits with one line (no traceback) when the
-settings, the certificate files, the cluster file or the API configuration are wrong.
+``TESSERA_EXTENDER_<FLAG>`` variable (switches take true/false). Must not decide
+anything: it parses, builds the app and serves it. Exits with one line (no traceback)
+when the settings, the certificate files, the cluster file or the API configuration are
+wrong; stops cleanly on SIGTERM, finishing the binds under way.
 """
 
 from __future__ import annotations

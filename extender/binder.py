@@ -6,9 +6,9 @@ records the placement in the cache the way the watch would. Must not choose GPUs
 decide anything about placement, and must not touch the cache's assumptions (the server
 assumes and forgets; a binder only reports how the bind ended).
 
-Why annotate first: once the Binding exists, the kubelet may start the pod, and the
-device plugin side and the cache's rebuild after a restart both read the indices from the
-pod. A pod that is bound but not annotated would have its GPUs guessed.
+Why annotate first: once the Binding exists the pod may start, and whoever needs to know
+which GPUs it holds (this cache rebuilding after a restart, tools on the node) reads the
+annotation. A pod bound but not yet annotated would have its GPUs guessed.
 
 The Binding is the body kube-scheduler's own DefaultBinder posts
 (``pkg/scheduler/framework/plugins/defaultbinder``): the pod's namespace, name and UID
