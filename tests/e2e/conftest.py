@@ -11,8 +11,11 @@ from __future__ import annotations
 import atexit
 import logging
 import signal
+import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 import pytest
@@ -35,13 +38,34 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+@dataclass(frozen=True, slots=True)
+class Assets:
+    binaries: Path | None
+    crds: Path | None
+    missing: str = ""
+
+
 @pytest.fixture(scope="session")
-def e2e(tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2ECluster]:
+def assets(request: pytest.FixtureRequest) -> Assets:
+    """The pinned binaries and CRDs, looked up once per session (a fixture that skips is
+    run again for every test, so the lookup and its message live here)."""
+    # A cold cache means a build of several minutes: let its progress reach the terminal.
+    capture = request.config.pluginmanager.getplugin("capturemanager")
     try:
-        binaries = find_binaries()
-        crds = find_crds()
+        with capture.global_and_fixture_disabled():
+            return Assets(find_binaries(progress=sys.stderr), find_crds(progress=sys.stderr))
     except BinariesUnavailableError as exc:
-        pytest.skip(f"{HOW_TO_GET_BINARIES}\n{exc}")
+        # The script's full explanation went to the terminal above; the skip reason, which
+        # pytest repeats per test module, keeps to one line.
+        why = str(exc).splitlines()[0].split("] ", 1)[-1] if str(exc) else "unavailable"
+        return Assets(None, None, f"{HOW_TO_GET_BINARIES} (build_binaries.sh: {why})")
+
+
+@pytest.fixture(scope="session")
+def e2e(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2ECluster]:
+    if assets.binaries is None or assets.crds is None:
+        pytest.skip(assets.missing)
+    binaries, crds = assets.binaries, assets.crds
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
     try:

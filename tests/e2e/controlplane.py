@@ -56,29 +56,44 @@ class ControlPlaneError(RuntimeError):
     """A component failed to start or to become healthy; the message ends with its log."""
 
 
-def _run_build_script(mode: str) -> Path:
-    done = subprocess.run(
+def _run_build_script(mode: str, progress: IO[str] | None = None) -> Path:
+    """Run the build script; its progress lines (stderr) are echoed to ``progress`` as they
+    come, so a cold build (minutes) shows what it is doing instead of looking hung."""
+    with subprocess.Popen(
         ["bash", str(BUILD_SCRIPT), mode],
-        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
-    )
-    if done.returncode == _BUILD_SCRIPT_NO_GO:
-        raise BinariesUnavailableError(done.stderr.strip())
-    if done.returncode != 0:
-        raise RuntimeError(f"{BUILD_SCRIPT} {mode} failed:\n{done.stderr}")
-    return Path(done.stdout.strip())
+    ) as process:
+        assert process.stdout is not None
+        assert process.stderr is not None
+        lines = []
+        for line in process.stderr:
+            lines.append(line)
+            if progress is not None:
+                progress.write(line)
+                progress.flush()
+        out = process.stdout.read()
+        code = process.wait()
+    errors = "".join(lines).strip()
+    if code == _BUILD_SCRIPT_NO_GO:
+        raise BinariesUnavailableError(errors)
+    if code != 0:
+        raise RuntimeError(f"{BUILD_SCRIPT} {mode} failed:\n{errors}")
+    return Path(out.strip())
 
 
-def find_binaries() -> Path:
+def find_binaries(progress: IO[str] | None = None) -> Path:
     """The folder holding etcd, kube-apiserver, kube-scheduler, kube-controller-manager and
-    kubectl. Builds them when the cache is cold (slow: run the script ahead, as CI does)."""
-    return _run_build_script("bin")
+    kubectl. Builds them when the cache is cold (slow: run the script ahead, as CI does);
+    the build's progress goes to ``progress``."""
+    return _run_build_script("bin", progress)
 
 
-def find_crds() -> Path:
+def find_crds(progress: IO[str] | None = None) -> Path:
     """The folder holding the pinned Kueue (and JobSet) CRD YAMLs."""
-    return _run_build_script("crds")
+    return _run_build_script("crds", progress)
 
 
 def free_port() -> int:
@@ -488,12 +503,12 @@ def main() -> None:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    binaries = find_binaries()
+    binaries = find_binaries(progress=sys.stderr)
     with (
         tempfile.TemporaryDirectory(prefix="tessera-e2e-") as tmp,
         ControlPlane(binaries, Path(tmp)) as plane,
     ):
-        plane.apply_crds(find_crds())
+        plane.apply_crds(find_crds(progress=sys.stderr))
         print(f"export KUBECONFIG={plane.credentials.kubeconfig}", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()
