@@ -1,9 +1,10 @@
 """The e2e session: one real control plane with Tessera installed, shared by every scenario.
 
-Layer: test support (ROOT of the e2e suite). Finds the pinned binaries (skipping the e2e
-tests, and nothing else, when there are none and no Go to build them), brings the cluster
-up once per session (``tests/e2e/fixtures/cluster.py``) and always tears it down: at the
-end of the session, on Ctrl-C or SIGTERM, and from ``atexit`` if all else fails.
+Layer: ROOT (of the e2e suite; it must not hold scenario logic). Finds the pinned
+binaries (skipping the e2e tests, and nothing else, when there are none and no Go to build
+them), brings the cluster up once per session (``tests/e2e/fixtures/cluster.py``) and
+always tears it down: at the end of the session, on Ctrl-C or SIGTERM, and from ``atexit``
+if all else fails.
 """
 
 from __future__ import annotations
