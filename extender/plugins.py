@@ -530,14 +530,20 @@ def run_filters(ctx: PodContext, node: NodeState) -> Verdict:
 # ---------------------------------------------------------------- scorers
 
 
-def fragmentation(node: NodeState, mix: tuple[MixEntry, ...], islands_required: bool) -> float:
+def fragmentation(
+    node: NodeState,
+    mix: tuple[MixEntry, ...],
+    islands_required: bool,
+    cpu_free: int | None = None,
+) -> float:
     """Free milli-GPUs of ``node`` that the expected pods could not use, averaged over the
     mix by weight: the FGD measure (Weng et al., ATC'23), with NVLink islands.
 
     For a share of ``m``: GPUs with less than ``m`` free are fragments. For ``k`` whole
     GPUs: partly used GPUs are fragments, and so are whole-free GPUs in islands with
     fewer than ``k`` free when ``k`` must fit in one island. A pod size the node cannot
-    take at all leaves every free milli a fragment.
+    take at all (too few GPUs, or, when ``cpu_free`` is known, too little CPU) leaves
+    every free milli a fragment.
     """
     frees = sorted(gpu.free_milli for gpu in node.gpus if gpu.healthy)
     total = sum(frees)
@@ -555,21 +561,28 @@ def fragmentation(node: NodeState, mix: tuple[MixEntry, ...], islands_required: 
     prefix = [0]
     for free in frees:
         prefix.append(prefix[-1] + free)
+    usable_for: dict[int, int] = {}
     weighted = 0.0
     weights = 0.0
     for entry in mix:
+        weights += entry.weight
+        if cpu_free is not None and entry.cpu_milli > cpu_free:
+            weighted += entry.weight * total
+            continue
         if entry.gpus > 0:
             k = entry.gpus
-            if _one_island(k, healthy, islands_required):
-                usable = sum(c for c in whole.values() if c >= k)
-            else:
-                usable = whole_total if whole_total >= k else 0
+            usable = usable_for.get(k)
+            if usable is None:
+                if _one_island(k, healthy, islands_required):
+                    usable = sum(c for c in whole.values() if c >= k)
+                else:
+                    usable = whole_total if whole_total >= k else 0
+                usable_for[k] = usable
             frag = total - usable * MILLI_PER_GPU if usable else total
         else:
             m = entry.gpu_milli
             frag = total if largest_free < m else prefix[bisect.bisect_left(frees, m)]
         weighted += entry.weight * frag
-        weights += entry.weight
     return weighted / weights
 
 
@@ -582,12 +595,17 @@ def score_packing(ctx: PodContext, node: NodeState) -> float:
 def _packing(ctx: PodContext, node: NodeState, choice: tuple[int, ...] | None) -> float:
     if choice is None:
         return 0.0
-    if not choice:
+    # CPU counts where the node reports some: what it can still give, as far as known
+    cpu = node.cpu_milli if node.cpu_milli > 0 else None
+    if not choice and (cpu is None or not ctx.demand.cpu_milli):
         return NEUTRAL_SCORE
     mix, islands_required = ctx.config.pod_mix, ctx.config.islands_required
-    after = apply_allocation(node, Allocation(node.name, choice, ctx.demand.milli_per_gpu), 1)
-    before = fragmentation(node, mix, islands_required)
-    delta = fragmentation(after, mix, islands_required) - before
+    after = node
+    if choice:
+        after = apply_allocation(node, Allocation(node.name, choice, ctx.demand.milli_per_gpu), 1)
+    cpu_after = None if cpu is None else max(0, cpu - ctx.demand.cpu_milli)
+    before = fragmentation(node, mix, islands_required, cpu)
+    delta = fragmentation(after, mix, islands_required, cpu_after) - before
     # a logistic curve: monotonic everywhere, so no two deltas collapse at a clamp
     exponent = max(-50.0, min(50.0, delta / _FRAG_SCALE_MILLI))
     return MAX_SCORE / (1.0 + math.exp(exponent))

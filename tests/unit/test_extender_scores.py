@@ -6,11 +6,19 @@ say "this node scores above that one" for a reason a cluster admin would recogni
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cluster.model import NodeName, NodeState, PodDemand
 from extender import decide
-from extender.config import ExtenderConfig, MixEntry, ScoringWeights
+from extender.config import (
+    DEFAULT_POD_MIX,
+    ExtenderConfig,
+    MixEntry,
+    ScoringWeights,
+    mix_from_demands,
+)
 from extender.plugins import (
     MAX_SCORE,
     NEUTRAL_SCORE,
@@ -61,6 +69,46 @@ def test_fragmentation(
     layout: str, mix: tuple[MixEntry, ...], islands_required: bool, expected: float
 ) -> None:
     assert fragmentation(node(layout), mix, islands_required) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("cpu_free", "expected"),
+    [
+        pytest.param(None, 0, id="cpu-unknown"),
+        pytest.param(8000, 0, id="enough-cpu"),
+        pytest.param(4000, 4000, id="too-little-cpu-strands-every-gpu"),
+    ],
+)
+def test_fragmentation_counts_cpu_when_known(cpu_free: int | None, expected: float) -> None:
+    mix = (MixEntry(gpus=1, cpu_milli=8000),)
+    assert fragmentation(node("...."), mix, True, cpu_free) == expected
+
+
+def test_packing_keeps_cpu_next_to_free_gpus() -> None:
+    """A CPU-hungry pod goes where taking the CPU strands no GPU (FGD's Q-IV)."""
+    mix = (MixEntry(gpus=1, cpu_milli=8000),)
+    config = ExtenderConfig(levels=CONFIG.levels, pod_mix=mix)
+    ctx = context(PodDemand(cpu_milli=8000), config=config)
+    gpus_left = replace(node("#### ...."), cpu_milli=12000)
+    no_gpus_left = replace(node("#### ####", "full"), cpu_milli=12000)
+    assert score_packing(ctx, no_gpus_left) > score_packing(ctx, gpus_left)
+
+
+def test_mix_from_demands_keeps_the_frequent_shapes() -> None:
+    demands = [
+        PodDemand(gpus=1, cpu_milli=11_200),
+        PodDemand(gpus=1, cpu_milli=10_800),
+        PodDemand(gpu_milli=473, cpu_milli=3000),
+        PodDemand(gpu_milli=470),
+        PodDemand(cpu_milli=4000),
+        PodDemand(gpus=8),
+    ]
+    assert mix_from_demands(demands, max_entries=3) == (
+        MixEntry(gpu_milli=470, weight=1.0, cpu_milli=0),
+        MixEntry(gpu_milli=470, weight=1.0, cpu_milli=3000),
+        MixEntry(gpus=1, weight=2.0, cpu_milli=11_000),
+    )
+    assert mix_from_demands([PodDemand()]) == DEFAULT_POD_MIX
 
 
 def scores(
