@@ -39,11 +39,15 @@ demo: $(STAMP) ## a short self-contained run of the cluster model on real trace 
 loadtest: $(STAMP) ## benchmarks (see loadtest/README section in README.md)
 	$(BIN)/python -m loadtest --help
 
-e2e: $(STAMP) ## the end-to-end suite against a real control plane
+e2e-assets: ## build or fetch the e2e control plane (Kubernetes v1.36.3, etcd, Kueue CRDs) into ~/.cache/tessera
+	tests/e2e/build_binaries.sh >/dev/null
+	tests/e2e/build_binaries.sh crds >/dev/null
+
+e2e: $(STAMP) e2e-assets ## the end-to-end suite against a real control plane
 	$(BIN)/python -m pytest tests/e2e -m e2e
 
 fmt: $(STAMP) ## format and autofix
 	$(BIN)/ruff format $(SOURCES)
 	$(BIN)/ruff check --fix $(SOURCES)
 
-.PHONY: help venv check test certs demo loadtest e2e fmt
+.PHONY: help venv check test certs demo loadtest e2e e2e-assets fmt
