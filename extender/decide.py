@@ -126,14 +126,24 @@ def score_nodes(
     """
     ctx = build_context(snapshot, pod, config, now)
     nodes = snapshot.nodes
+    # Outside a gang a score depends on the node's GPUs and CPU only, and nodes in the
+    # same state are many (every empty node, for one): score each state once.
+    alike: dict[tuple[tuple[GpuDevice, ...], int], float] | None = {} if ctx.gang is None else None
     scored: list[tuple[NodeName, float | None]] = []
     for raw in node_names:
         name = NodeName(raw)
         node = nodes.get(name)
         if node is None or run_filters(ctx, node) is not FIT:
             scored.append((name, None))
-        else:
+            continue
+        if alike is None:
             scored.append((name, score_node(ctx, node)))
+            continue
+        state = (node.gpus, node.cpu_milli)
+        score = alike.get(state)
+        if score is None:
+            score = alike[state] = score_node(ctx, node)
+        scored.append((name, score))
     return scored
 
 
