@@ -415,10 +415,119 @@ class Policy:
 # ---------------------------------------------------------------- building
 
 
+Record = Flavor | ClusterQueue | LocalQueue | Topology | PriorityClass
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedObject:
+    """One Kueue object read on its own, before the policy ties the objects together.
+
+    Reading is the costly part of a build (quantities, durations, annotations): a store
+    that keeps these per object rebuilds a policy after one object changed by reading
+    that object alone and assembling the rest as they were.
+    """
+
+    key: str | tuple[str, str]
+    """The name, or (namespace, name) for a LocalQueue."""
+    record: Record | None
+    """``None``: skipped (``problems`` say why), or not an object the policy reads."""
+    problems: tuple[str, ...] = ()
+
+
+POLICY_ANNOTATIONS: Final = (
+    labels.DEFAULT_PRIORITY_CLASS,
+    labels.DEFAULT_TIME_LIMIT,
+    labels.MAX_TIME_LIMIT,
+    labels.MAX_GPUS_PER_JOB,
+    labels.DEFAULT_QUEUE,
+)
+"""The annotations of Kueue objects that the policy reads."""
+_VIEW_FIELDS: Final = ("apiVersion", "kind", "spec", "value", "description")
+
+
+def policy_view(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The part of a Kueue object that the policy reads: same policy, far less to keep.
+
+    Kept: ``apiVersion``, ``kind``, ``spec``, ``value`` and ``description`` (a
+    WorkloadPriorityClass), and of ``metadata`` the name, the namespace and the
+    ``POLICY_ANNOTATIONS``. Dropped: ``status`` (which Kueue rewrites whenever workloads
+    move), ``managedFields``, ``resourceVersion``, labels and every other annotation, so
+    that an update of only those gives an equal view. Anything that is not a single
+    object (a ``List``, a document that is not a map) is returned as it is.
+    """
+    if not isinstance(obj, Mapping) or str(obj.get("kind", "")).endswith("List"):
+        return obj
+    view = {key: obj[key] for key in _VIEW_FIELDS if key in obj}
+    metadata = obj.get("metadata")
+    if isinstance(metadata, Mapping):
+        meta = {key: metadata[key] for key in ("name", "namespace") if key in metadata}
+        annotations = metadata.get("annotations")
+        if isinstance(annotations, Mapping):
+            kept = {key: annotations[key] for key in POLICY_ANNOTATIONS if key in annotations}
+            if kept:
+                meta["annotations"] = kept
+        view["metadata"] = meta
+    return view
+
+
+def parse_objects(objs: Iterable[object]) -> Iterator[ParsedObject]:
+    """Each Kueue object read on its own (``List`` items one by one), in order.
+
+    Objects of other API groups give nothing; a document that cannot be read gives an
+    entry with no record and the reason.
+    """
+    skipped: list[str] = []
+    for obj in _flatten(objs, skipped):
+        if skipped:
+            yield ParsedObject("", None, tuple(skipped))
+            skipped.clear()
+        yield parse_object(obj)
+    if skipped:
+        yield ParsedObject("", None, tuple(skipped))
+
+
+def parse_object(obj: Mapping[str, Any]) -> ParsedObject:
+    """One Kueue object (not a ``List``) as a record; malformed: no record, and why."""
+    problems: list[str] = []
+    kind = obj.get("kind")
+    name = _name_of(obj)
+    key: str | tuple[str, str] = name
+    record: Record | None = None
+    try:
+        if kind == "ResourceFlavor":
+            record = _parse_flavor(obj, name)
+        elif kind == "ClusterQueue":
+            record = _parse_cluster_queue(obj, name, problems)
+        elif kind == "LocalQueue":
+            record = _parse_local_queue(obj, name, problems)
+            key = (record.namespace, name)
+        elif kind == "Topology":
+            record, found = make_topology(name, _parse_levels(obj, name))
+            problems.extend(found)
+        elif kind == "WorkloadPriorityClass":
+            record = _parse_priority_class(obj, name)
+        elif kind == "Cohort":
+            problems.append(
+                f"Cohort {name}: Cohort objects are not read; quota they hold is not "
+                "counted in what a queue can borrow"
+            )
+    except PolicyError as exc:
+        problems.append(f"{kind} {name or '<unnamed>'} skipped: {exc}")
+    return ParsedObject(key, record, tuple(problems))
+
+
 def policy_from_objects(objs: Iterable[Mapping[str, Any]]) -> Policy:
     """Read Kueue objects into a ``Policy``; anything malformed is skipped and reported.
 
     Objects of other API groups are ignored silently (a file may hold namespaces too).
+    When two objects have the same kind and name, the later one wins.
+    """
+    return assemble_policy(parse_objects(objs))
+
+
+def assemble_policy(parsed: Iterable[ParsedObject]) -> Policy:
+    """The policy of objects read by ``parse_object``: references resolved, quota summed.
+
     When two objects have the same kind and name, the later one wins.
     """
     problems: list[str] = []
@@ -428,30 +537,19 @@ def policy_from_objects(objs: Iterable[Mapping[str, Any]]) -> Policy:
     topologies: dict[str, Topology] = {}
     priorities: dict[str, PriorityClass] = {}
 
-    for obj in _flatten(objs, problems):
-        kind = obj.get("kind")
-        name = _name_of(obj)
-        try:
-            if kind == "ResourceFlavor":
-                _put(flavors, name, _parse_flavor(obj, name), "ResourceFlavor", problems)
-            elif kind == "ClusterQueue":
-                _put(raw_cqs, name, _parse_cluster_queue(obj, name, problems), kind, problems)
-            elif kind == "LocalQueue":
-                lq = _parse_local_queue(obj, name, problems)
-                _put(raw_lqs, (lq.namespace, name), lq, kind, problems)
-            elif kind == "Topology":
-                topology, found = make_topology(name, _parse_levels(obj, name))
-                problems.extend(found)
-                _put(topologies, name, topology, kind, problems)
-            elif kind == "WorkloadPriorityClass":
-                _put(priorities, name, _parse_priority_class(obj, name), kind, problems)
-            elif kind == "Cohort":
-                problems.append(
-                    f"Cohort {name}: Cohort objects are not read; quota they hold is not "
-                    "counted in what a queue can borrow"
-                )
-        except PolicyError as exc:
-            problems.append(f"{kind} {name or '<unnamed>'} skipped: {exc}")
+    for entry in parsed:
+        problems.extend(entry.problems)
+        record = entry.record
+        if isinstance(record, LocalQueue):
+            _put(raw_lqs, (record.namespace, record.name), record, "LocalQueue", problems)
+        elif isinstance(record, ClusterQueue):
+            _put(raw_cqs, record.name, record, "ClusterQueue", problems)
+        elif isinstance(record, Flavor):
+            _put(flavors, record.name, record, "ResourceFlavor", problems)
+        elif isinstance(record, Topology):
+            _put(topologies, record.name, record, "Topology", problems)
+        elif isinstance(record, PriorityClass):
+            _put(priorities, record.name, record, "WorkloadPriorityClass", problems)
 
     local_queues = _resolve_local_queues(raw_lqs, raw_cqs, priorities, problems)
     _check_references(raw_cqs, flavors, topologies, priorities, problems)
