@@ -44,13 +44,12 @@ Quantities are kept in milli-units of the quantity (``to_milli``): ``"16"`` GPUs
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from cluster import labels
 from cluster.model import Taint
@@ -72,15 +71,16 @@ class PolicyError(ValueError):
 
 
 _GO_DURATION_PART: Final = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_SECONDS: Final = {
-    "ns": Fraction(1, 10**9),
-    "us": Fraction(1, 10**6),
-    "µs": Fraction(1, 10**6),
-    "μs": Fraction(1, 10**6),
-    "ms": Fraction(1, 1000),
-    "s": Fraction(1),
-    "m": Fraction(60),
-    "h": Fraction(3600),
+_NANOS_PER_SECOND: Final = 10**9
+_UNIT_NANOS: Final = {
+    "ns": 1,
+    "us": 10**3,
+    "µs": 10**3,
+    "μs": 10**3,
+    "ms": 10**6,
+    "s": _NANOS_PER_SECOND,
+    "m": 60 * _NANOS_PER_SECOND,
+    "h": 3600 * _NANOS_PER_SECOND,
 }
 
 
@@ -92,19 +92,23 @@ def parse_seconds(value: object) -> int:
     """
     if isinstance(value, bool):
         raise PolicyError(f"{value!r} is not a duration")
+    # Nano-seconds, exact: whole numbers stay ints, a decimal one is a Fraction.
+    nanos: int | Fraction
     if isinstance(value, int):
-        seconds = Fraction(value)
+        nanos = value * _NANOS_PER_SECOND
     elif isinstance(value, str):
         text = value.strip()
         if text.isdigit():
-            seconds = Fraction(int(text))
+            nanos = int(text) * _NANOS_PER_SECOND
         else:
-            seconds = Fraction(0)
+            nanos = 0
             position = 0
             for match in _GO_DURATION_PART.finditer(text):
                 if match.start() != position:
                     break
-                seconds += Fraction(match[1]) * _UNIT_SECONDS[match[2]]
+                number = match[1]
+                amount = int(number) if number.isdigit() else Fraction(number)
+                nanos += amount * _UNIT_NANOS[match[2]]
                 position = match.end()
             if position == 0 or position != len(text):
                 raise PolicyError(
@@ -113,9 +117,9 @@ def parse_seconds(value: object) -> int:
                 )
     else:
         raise PolicyError(f"{value!r} is not a duration")
-    if seconds <= 0:
+    if nanos <= 0:
         raise PolicyError(f"{value!r} is not a positive duration")
-    return math.ceil(seconds)
+    return -(-nanos // _NANOS_PER_SECOND)  # rounded up
 
 
 def format_seconds(seconds: int) -> str:
@@ -262,14 +266,27 @@ class QueueSettings:
 
     def over(self, fallback: QueueSettings) -> QueueSettings:
         """These settings, with each unset field taken from ``fallback``."""
-        return QueueSettings(
-            **{
-                f.name: getattr(self, f.name)
-                if getattr(self, f.name) is not None
-                else getattr(fallback, f.name)
-                for f in fields(self)
-            }
+        # Spelled out rather than looped over ``fields()``: a policy build resolves every
+        # LocalQueue, and most set nothing of their own.
+        if self == _NO_SETTINGS:
+            return fallback
+        priority, default, maximum, gpus = (
+            self.default_priority_class,
+            self.default_time_limit_s,
+            self.max_time_limit_s,
+            self.max_gpus_per_job,
         )
+        return QueueSettings(
+            default_priority_class=priority
+            if priority is not None
+            else fallback.default_priority_class,
+            default_time_limit_s=default if default is not None else fallback.default_time_limit_s,
+            max_time_limit_s=maximum if maximum is not None else fallback.max_time_limit_s,
+            max_gpus_per_job=gpus if gpus is not None else fallback.max_gpus_per_job,
+        )
+
+
+_NO_SETTINGS: Final = QueueSettings()
 
 
 @dataclass(frozen=True, slots=True)
@@ -592,9 +609,14 @@ def _put(into: dict[Any, Any], key: Any, value: Any, kind: str, problems: list[s
     into[key] = value
 
 
+def _is_map(value: object) -> TypeGuard[Mapping[str, Any]]:
+    # orjson and YAML give dicts: the exact type check spares the slower ABC check
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _name_of(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata")
-    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    name = metadata.get("name") if _is_map(metadata) else None
     return name if isinstance(name, str) else ""
 
 
@@ -607,15 +629,15 @@ def _spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     spec = obj.get("spec")
     if spec is None:
         return _EMPTY
-    if not isinstance(spec, Mapping):
+    if not _is_map(spec):
         raise PolicyError("spec is not an object")
     return spec
 
 
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     metadata = obj.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, Mapping) else None
-    return annotations if isinstance(annotations, Mapping) else _EMPTY
+    annotations = metadata.get("annotations") if _is_map(metadata) else None
+    return annotations if _is_map(annotations) else _EMPTY
 
 
 def _str(value: object) -> str:
@@ -763,7 +785,7 @@ def _positive_int(raw: object) -> int:
 def _parse_local_queue(obj: Mapping[str, Any], name: str, problems: list[str]) -> LocalQueue:
     _require_name(name)
     metadata = obj.get("metadata")
-    namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
+    namespace = metadata.get("namespace") if _is_map(metadata) else None
     if not isinstance(namespace, str) or not namespace:
         raise PolicyError("metadata.namespace is missing")
     cluster_queue = _spec(obj).get("clusterQueue")
@@ -810,24 +832,34 @@ def _resolve_local_queues(
 ) -> dict[tuple[str, str], LocalQueue]:
     resolved: dict[tuple[str, str], LocalQueue] = {}
     for key, lq in raw.items():
-        who = f"LocalQueue {lq.namespace}/{lq.name}"
         cq = cluster_queues.get(lq.cluster_queue)
         settings = lq.settings
         if cq is None:
-            problems.append(f"{who}: ClusterQueue {lq.cluster_queue} does not exist")
+            problems.append(
+                f"LocalQueue {lq.namespace}/{lq.name}: ClusterQueue {lq.cluster_queue} "
+                "does not exist"
+            )
         else:
             settings = settings.over(cq.settings)
         default, limit = settings.default_time_limit_s, settings.max_time_limit_s
         if default is not None and limit is not None and default > limit:
             problems.append(
-                f"{who}: default time limit {format_seconds(default)} is above the maximum "
+                f"LocalQueue {lq.namespace}/{lq.name}: default time limit "
+                f"{format_seconds(default)} is above the maximum "
                 f"{format_seconds(limit)}; the maximum is used as the default"
             )
             settings = replace(settings, default_time_limit_s=limit)
         klass = settings.default_priority_class
         if klass is not None and klass not in priorities:
-            problems.append(f"{who}: default priority class {klass} does not exist")
-        resolved[key] = replace(lq, settings=settings)
+            problems.append(
+                f"LocalQueue {lq.namespace}/{lq.name}: default priority class {klass} "
+                "does not exist"
+            )
+        resolved[key] = (
+            lq
+            if settings == lq.settings
+            else LocalQueue(lq.namespace, lq.name, lq.cluster_queue, settings, lq.marked_default)
+        )
     return resolved
 
 
