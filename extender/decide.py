@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import combinations
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from cluster.convert import ConversionError, format_indices, node_from_json
 from cluster.model import (
@@ -48,8 +48,11 @@ from extender.plugins import (
     Unfit,
     build_context,
     choose_gpus,
+    filter_key,
     run_filters,
-    score_node,
+    run_filters_keyed,
+    score_key,
+    score_node_keyed,
 )
 
 SUBSETS_TRIED: Final = 4096
@@ -89,19 +92,19 @@ def filter_nodes(
     ``unresolvable`` adds nodes already known to fail (``request_nodes``' unknown ones).
     """
     ctx = build_context(snapshot, pod, config, now)
+    key = filter_key(ctx)
     nodes = snapshot.nodes
     fits: list[NodeName] = []
     failed: dict[NodeName, str] = {}
     hopeless: dict[NodeName, str] = dict(unresolvable or {})
-    for raw in node_names:
-        name = NodeName(raw)
+    for name in cast("Iterable[NodeName]", node_names):
         if name in hopeless:
             continue
         node = nodes.get(name)
         if node is None:
             hopeless[name] = _not_cached(name)
             continue
-        verdict = run_filters(ctx, node)
+        verdict = run_filters_keyed(ctx, node, key)
         if verdict is FIT:
             fits.append(name)
         elif isinstance(verdict, Unfit):
@@ -125,25 +128,17 @@ def score_nodes(
     ``prioritize`` is what goes on the wire.
     """
     ctx = build_context(snapshot, pod, config, now)
+    fkey, skey = filter_key(ctx), score_key(ctx)
     nodes = snapshot.nodes
-    # Outside a gang a score depends on the node's GPUs and CPU only, and nodes in the
-    # same state are many (every empty node, for one): score each state once.
-    alike: dict[tuple[tuple[GpuDevice, ...], int], float] | None = {} if ctx.gang is None else None
+    # Each node keeps the node-only part of its score in its memo (``score_node_keyed``),
+    # so a node unchanged since an earlier request with a pod of this shape costs a look-up.
     scored: list[tuple[NodeName, float | None]] = []
-    for raw in node_names:
-        name = NodeName(raw)
+    for name in cast("Iterable[NodeName]", node_names):
         node = nodes.get(name)
-        if node is None or run_filters(ctx, node) is not FIT:
+        if node is None or run_filters_keyed(ctx, node, fkey) is not FIT:
             scored.append((name, None))
             continue
-        if alike is None:
-            scored.append((name, score_node(ctx, node)))
-            continue
-        state = (node.gpus, node.cpu_milli)
-        score = alike.get(state)
-        if score is None:
-            score = alike[state] = score_node(ctx, node)
-        scored.append((name, score))
+        scored.append((name, score_node_keyed(ctx, node, skey)))
     return scored
 
 
@@ -171,6 +166,7 @@ def wire_scores(
     if not values:
         return [(name, 0) for name, _ in scored]
     low, high = min(values), max(values)
+    top = int(MAX_SCORE)
     out: list[tuple[NodeName, int]] = []
     for name, score in scored:
         if score is None:
@@ -178,10 +174,11 @@ def wire_scores(
         elif not config.normalize_scores:
             wire = round(score)
         elif high - low < 1e-9:
-            wire = int(MAX_SCORE)
+            wire = top
         else:
             wire = 1 + round(9 * (score - low) / (high - low))
-        out.append((name, max(0, min(int(MAX_SCORE), wire))))
+        # the clamp spelled out: this loop runs once per candidate
+        out.append((name, 0 if wire < 0 else top if wire > top else wire))
     return out
 
 

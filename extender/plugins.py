@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
@@ -517,14 +517,70 @@ def _first_unfit(ctx: PodContext, node: NodeState, filters: tuple[Filter, ...]) 
 def run_filters(ctx: PodContext, node: NodeState) -> Verdict:
     """Every filter; an unresolvable reason wins over a resolvable one, since it is the
     one that tells kube-scheduler not to try preemption there."""
+    return run_filters_keyed(ctx, node, filter_key(ctx))
+
+
+def _combine(verdicts: Iterable[Verdict]) -> Verdict:
     resolvable: Unfit | None = None
-    for check in FILTERS:
-        verdict = check(ctx, node)
+    for verdict in verdicts:
         if isinstance(verdict, Unfit):
             if not verdict.resolvable:
                 return verdict
             resolvable = resolvable or verdict
     return resolvable or FIT
+
+
+_MEMO_LIMIT: Final = 64
+"""Entries a node keeps in its memo (pod shapes seen since it last changed) before it
+starts over: bounds memory whatever the workload's variety."""
+
+_Static: TypeAlias = tuple[Verdict, Verdict, Verdict, Verdict]
+"""(the three combined, cordon, product, GPUs): the filters that read only the node and
+the pod's shape."""
+
+
+def filter_key(ctx: PodContext) -> str:
+    """What the node-only filters (cordon, product, GPUs) read of the pod and the config:
+    nodes memoize their verdicts under it. Computed once per request by callers that
+    filter many nodes (``run_filters_keyed``)."""
+    d = ctx.demand
+    return f"f|{d.gpus}|{d.gpu_milli}|{d.products!r}|{ctx.config.islands_required}"
+
+
+def _static_verdicts(ctx: PodContext, node: NodeState, key: str) -> _Static:
+    cordon, product = filter_schedulable(ctx, node), filter_product(ctx, node)
+    gpus = filter_gpus(ctx, node)
+    found = (_combine((cordon, product, gpus)), cordon, product, gpus)
+    memo = node.memo
+    if len(memo) >= _MEMO_LIMIT:
+        memo.clear()
+    memo[key] = found
+    return found
+
+
+def run_filters_keyed(ctx: PodContext, node: NodeState, key: str) -> Verdict:
+    """``run_filters`` with ``key = filter_key(ctx)`` computed by the caller.
+
+    The verdicts that depend only on the node and the pod's shape are kept in the node's
+    memo (a node object never changes, so they cannot go stale); the maintenance and gang
+    filters, which read the time and the gang, run every time, in ``FILTERS``' order.
+    """
+    found: _Static | None = node.memo.get(key)
+    if found is None:
+        found = _static_verdicts(ctx, node, key)
+    if ctx.gang is None and node.drain_after is None:
+        return found[0]  # maintenance and both gang filters are FIT here
+    _, cordon, product, gpus = found
+    return _combine(
+        (
+            cordon,
+            product,
+            filter_maintenance(ctx, node),
+            filter_gang_domain(ctx, node),
+            gpus,
+            filter_gang_room(ctx, node),
+        )
+    )
 
 
 # ---------------------------------------------------------------- scorers
@@ -697,15 +753,47 @@ def score_node(ctx: PodContext, node: NodeState) -> float:
     Meant for nodes that passed the filters; the GPUs are chosen once and every scorer
     judges that same choice, the one bind will make.
     """
+    return score_node_keyed(ctx, node, score_key(ctx))
+
+
+def score_key(ctx: PodContext) -> str:
+    """What the node-only scorers (packing, island fit) read of the pod and the config:
+    nodes memoize their part of the score under it."""
+    d, config = ctx.demand, ctx.config
+    return (
+        f"s|{d.gpus}|{d.gpu_milli}|{d.cpu_milli}|{config.islands_required}|"
+        f"{config.weights!r}|{config.pod_mix!r}"
+    )
+
+
+def _static_score(ctx: PodContext, node: NodeState, key: str) -> float | None:
+    """Packing and island fit, weighted and summed (None: no GPUs can be chosen)."""
+    memo = node.memo
+    if key in memo:
+        known: float | None = memo[key]
+        return known
     choice = choose_gpus(node, ctx.demand, ctx.config)
-    if choice is None:
+    total: float | None = None
+    if choice is not None:
+        weights = ctx.config.weights
+        total = 0.0
+        if weights.packing:
+            total += weights.packing * _packing(ctx, node, choice)
+        if weights.island_fit:
+            total += weights.island_fit * _island_fit(ctx, node, choice)
+    if len(memo) >= _MEMO_LIMIT:
+        memo.clear()
+    memo[key] = total
+    return total
+
+
+def score_node_keyed(ctx: PodContext, node: NodeState, key: str) -> float:
+    """``score_node`` with ``key = score_key(ctx)`` computed by the caller; the node keeps
+    its packing and island-fit part in its memo, gang locality is scored every time."""
+    total = _static_score(ctx, node, key)
+    if total is None:
         return 0.0
     weights = ctx.config.weights
-    total = 0.0
-    if weights.packing:
-        total += weights.packing * _packing(ctx, node, choice)
-    if weights.island_fit:
-        total += weights.island_fit * _island_fit(ctx, node, choice)
     if weights.gang_locality:
         total += weights.gang_locality * score_gang_locality(ctx, node)
     return clamp_score(total / weights.total)

@@ -1,0 +1,101 @@
+"""What a node remembers between requests (``NodeState.memo``) never changes a decision:
+
+* a node answers the same verdict and score with a warm memo as a fresh copy does,
+  whatever pod shapes and configurations filled the memo before;
+* a changed node (an allocation, a cordon, a GPU gone unhealthy) is a new object with an
+  empty memo, so the change shows at once;
+* the memo is no part of a node's equality or repr, and stays bounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cluster.model import Allocation, GpuDevice, NodeName, NodeState, PodDemand
+from cluster.snapshot import apply_allocation
+from extender.config import ExtenderConfig
+from extender.plugins import FIT, Unfit, build_context, run_filters, score_node
+from tests.unit.test_extender_builders import CONFIG, NOW, RELAXED, pod, snapshot
+from tests.unit.test_extender_invariants import CONFIGS, DEMANDS, nodes
+
+
+def _node(*free: int) -> NodeState:
+    gpus = tuple(GpuDevice(i, i // 4, True, milli) for i, milli in enumerate(free))
+    return NodeState(name=NodeName("n1"), gpus=gpus, product="NVIDIA-H100-80GB-HBM3")
+
+
+def _decide(node: NodeState, demand: PodDemand, config: ExtenderConfig) -> tuple[object, float]:
+    ctx = build_context(snapshot([node]), pod("p", demand), config, NOW)
+    return run_filters(ctx, node), score_node(ctx, node)
+
+
+@settings(max_examples=200)
+@given(
+    node=nodes(),
+    demand=DEMANDS,
+    config=CONFIGS,
+    before=st.lists(st.tuples(DEMANDS, CONFIGS), max_size=6),
+)
+def test_a_warm_memo_decides_as_a_fresh_node(
+    node: NodeState,
+    demand: PodDemand,
+    config: ExtenderConfig,
+    before: list[tuple[PodDemand, ExtenderConfig]],
+) -> None:
+    for other, other_config in before:
+        _decide(node, other, other_config)
+    _decide(node, demand, config)  # and once with this very shape
+    assert _decide(node, demand, config) == _decide(replace(node), demand, config)
+
+
+def test_an_allocation_is_seen_at_once() -> None:
+    node = _node(1000, 1000, 1000, 1000, 0, 0, 0, 0)
+    demand = PodDemand(gpus=4)
+    assert _decide(node, demand, CONFIG)[0] is FIT
+    after = apply_allocation(node, Allocation(node.name, (0,), 1000), 1)
+    verdict, _score = _decide(after, demand, CONFIG)
+    assert isinstance(verdict, Unfit)
+    assert "3 healthy GPUs free in island 0, pod needs 4" in verdict.reason
+    assert _decide(node, demand, CONFIG)[0] is FIT  # the old object still answers for itself
+
+
+def test_a_cordon_or_a_sick_gpu_is_seen_at_once() -> None:
+    node = _node(*[1000] * 8)
+    demand = PodDemand(gpus=4)
+    assert _decide(node, demand, CONFIG)[0] is FIT
+    cordoned = _decide(replace(node, unschedulable=True), demand, CONFIG)[0]
+    assert isinstance(cordoned, Unfit)
+    assert "cordoned" in cordoned.reason
+    sick = replace(node, gpus=tuple(replace(g, healthy=g.index >= 6) for g in node.gpus))
+    verdict = _decide(sick, demand, CONFIG)[0]
+    assert isinstance(verdict, Unfit)
+    assert "2 healthy GPUs" in verdict.reason
+
+
+def test_the_configuration_is_part_of_what_is_remembered() -> None:
+    node = _node(1000, 1000, 0, 0, 1000, 1000, 0, 0)  # 2 + 2 free in two islands
+    demand = PodDemand(gpus=3)
+    strict = _decide(node, demand, CONFIG)[0]
+    relaxed = _decide(node, demand, RELAXED)[0]
+    assert isinstance(strict, Unfit)
+    assert relaxed is FIT
+
+
+def test_the_memo_is_not_part_of_equality_or_repr() -> None:
+    node = _node(1000, 1000)
+    fresh = replace(node)
+    _decide(node, PodDemand(gpus=1), CONFIG)
+    assert node.memo
+    assert not fresh.memo
+    assert node == fresh
+    assert repr(node) == repr(fresh)
+
+
+def test_the_memo_stays_bounded() -> None:
+    node = _node(*[1000] * 8)
+    for milli in range(1, 400):
+        _decide(node, PodDemand(gpu_milli=milli), CONFIG)
+    assert len(node.memo) <= 64
