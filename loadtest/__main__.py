@@ -1,8 +1,9 @@
 """``python -m loadtest``: the performance engineer's tool and the project's demo.
 
 Layer: ROOT. The only place in the load test that reads the environment
-(``TESSERA_DATA``: the folder with the shared traces). Subcommands grow with the
-servers; today: ``demo`` (the cluster-model self-check).
+(``TESSERA_DATA``: the folder with the shared traces). Subcommands: ``demo`` (``make
+demo``), ``latency``, ``soak``, ``placement`` (the FGD method, ``loadtest.placement``)
+and ``selfcheck`` (the cluster-model check without servers).
 """
 
 from __future__ import annotations
@@ -13,21 +14,108 @@ import sys
 from pathlib import Path
 
 from cluster.clock import SystemClock
-from loadtest import demo
+from loadtest import demo, scenario, selfcheck
+from loadtest.fleet import FleetSpec, StreamSpec
 from loadtest.traces import DEFAULT_DATA_DIR
 
 EXAMPLES = """\
 examples:
-  python -m loadtest demo                  # the self-check on the openb trace
-  python -m loadtest demo --max-pods 2000  # a shorter run
-  python -m loadtest.bench_cache --nodes 5000 --pods 150000
+  python -m loadtest demo                       # make demo: both servers, 64 HGX nodes, ~1 min
+  python -m loadtest demo --short               # the same in ~15 s (CI)
+  python -m loadtest latency --rate 100 --duration 30 --nodes 256
+  python -m loadtest soak --duration 600 --max-rss-growth-mib 40
+  python -m loadtest latency --webhook-url https://tessera-webhook.example:443 \\
+      --extender-url https://tessera-extender.example:8888 --ca ca.crt \\
+      --client-cert kube-scheduler.crt --client-key kube-scheduler.key
+  python -m loadtest placement --quick          # FGD-style placement quality on openb
+  python -m loadtest selfcheck                  # the cluster model alone, no servers
+
+Reports go to reports/<mode>.json and reports/<mode>.html (--out to change).
 """
+
+
+def _common(parser: argparse.ArgumentParser, *, rate: float, duration: float, nodes: int) -> None:
+    parser.add_argument("--nodes", type=int, default=nodes, help=f"HGX nodes (default {nodes})")
+    parser.add_argument(
+        "--rate", type=float, default=rate, help=f"jobs created per second (default {rate:g})"
+    )
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=duration,
+        help=f"seconds of arrivals (default {duration:g})",
+    )
+    parser.add_argument("--median-run", type=float, default=None, help="median pod run time, s")
+    parser.add_argument(
+        "--drain", type=float, default=None, help="seconds to wait for the last pods"
+    )
+    parser.add_argument(
+        "--quota-scale",
+        type=int,
+        default=None,
+        help="multiply the example queues' GPU quota (default: fit the fleet)",
+    )
+    parser.add_argument(
+        "--extender-weight",
+        type=int,
+        default=5,
+        help="the extender's weight in kube-scheduler (default 5)",
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--out", type=Path, default=Path("reports"), help="report folder (default reports/)"
+    )
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="keep server logs, certificates and inputs here"
+    )
+    remote = parser.add_argument_group(
+        "a real deployment",
+        "the extender must be running with the same nodes (e.g. --cluster-file of the fleet "
+        "written to --keep/nodes.json); pods it binds do not exist in its API, so use a "
+        "standalone extender",
+    )
+    remote.add_argument("--webhook-url", help="e.g. https://tessera-webhook.tessera-system.svc:443")
+    remote.add_argument("--extender-url", help="e.g. https://tessera-extender:8888")
+    remote.add_argument("--ca", type=Path, help="CA that signed the servers' certificates")
+    remote.add_argument(
+        "--client-cert", type=Path, help="client certificate for the extender's mutual TLS"
+    )
+    remote.add_argument("--client-key", type=Path)
+
+
+def _spec(args: argparse.Namespace, base: scenario.RunSpec) -> scenario.RunSpec:
+    stream = StreamSpec(
+        rate=args.rate,
+        duration_s=args.duration,
+        median_run_s=args.median_run or base.stream.median_run_s,
+        max_run_s=base.stream.max_run_s,
+    )
+    remote = None
+    if args.webhook_url or args.extender_url:
+        if not (args.webhook_url and args.extender_url):
+            raise SystemExit("python -m loadtest: --webhook-url and --extender-url go together")
+        remote = scenario.Remote(
+            args.webhook_url, args.extender_url, args.ca, args.client_cert, args.client_key
+        )
+    return scenario.RunSpec(
+        fleet=FleetSpec(nodes=args.nodes),
+        stream=stream,
+        quota_scale=args.quota_scale,
+        drain_s=args.drain if args.drain is not None else base.drain_s,
+        extender_weight=args.extender_weight,
+        seed=args.seed,
+        remote=remote,
+        keep_dir=args.keep,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest",
-        description="Play the cluster around Tessera and measure it.",
+        description=(
+            "Play kube-apiserver, Kueue and kube-scheduler around Tessera's two servers "
+            "and measure them."
+        ),
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -38,16 +126,88 @@ def main(argv: list[str] | None = None) -> int:
         help="folder with the shared traces (default: $TESSERA_DATA or ../shared/data)",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    demo_parser = commands.add_parser("demo", help="the cluster-model self-check")
-    demo_parser.add_argument("--max-pods", type=int, default=None)
-    args = parser.parse_args(argv)
+    fmt = argparse.RawDescriptionHelpFormatter
 
-    if args.command == "demo":
-        report = demo.run(SystemClock(), args.data, max_pods=args.max_pods)
+    p = commands.add_parser(
+        "demo",
+        help="both servers, a sample cluster, a short mixed workload",
+        epilog=EXAMPLES,
+        formatter_class=fmt,
+    )
+    base = demo.demo_spec()
+    _common(p, rate=base.stream.rate, duration=base.stream.duration_s, nodes=base.fleet.nodes)
+    p.add_argument("--short", action="store_true", help="a ~15 s run on 16 nodes (CI)")
+
+    p = commands.add_parser(
+        "latency",
+        help="open-loop latency per verb and end to end",
+        epilog=EXAMPLES,
+        formatter_class=fmt,
+    )
+    _common(p, rate=100.0, duration=30.0, nodes=256)
+
+    p = commands.add_parser(
+        "soak",
+        help="a long steady run: memory growth and errors",
+        epilog=EXAMPLES,
+        formatter_class=fmt,
+    )
+    _common(p, rate=30.0, duration=300.0, nodes=64)
+    p.add_argument(
+        "--max-rss-growth-mib",
+        type=float,
+        default=50.0,
+        help="fail above this growth in the second half (default 50)",
+    )
+
+    commands.add_parser(
+        "placement",
+        help="FGD-style placement quality (python -m loadtest placement --help)",
+        add_help=False,
+    )
+    p = commands.add_parser("selfcheck", help="the cluster-model self-check, no servers")
+    p.add_argument("--max-pods", type=int, default=None)
+
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["placement"] or (
+        len(argv) > 2 and argv[0] == "--data" and argv[2] == "placement"
+    ):
+        from loadtest import placement  # noqa: PLC0415 - heavy, only for this mode
+
+        rest = argv[argv.index("placement") + 1 :]
+        if argv[0] == "--data":
+            rest = ["--data", argv[1], *rest]
+        return placement.main(rest)
+    args = parser.parse_args(argv)
+    clock = SystemClock()
+
+    if args.command == "selfcheck":
+        report = selfcheck.run(clock, args.data, max_pods=args.max_pods)
         print("\n".join(report.lines()))
         if report.placed == 0:
             print("error: nothing was placed", file=sys.stderr)
             return 1
+        return 0
+
+    if args.command == "demo":
+        base = demo.demo_spec(short=args.short, seed=args.seed)
+        spec = base if args.short else _spec(args, base)
+    else:
+        spec = _spec(args, demo.demo_spec())
+    out = demo.execute(args.command, spec, args.out, clock=clock, say=print, live=demo.live_line())
+    failed = not out.ok
+    if args.command == "soak":
+        for name, rss in out.data["rss"].items():
+            if rss["growth_second_half_mib"] > args.max_rss_growth_mib:
+                print(
+                    f"soak: {name} RSS grew {rss['growth_second_half_mib']:.1f} MiB "
+                    "in the second half"
+                )
+                failed = True
+    if failed:
+        print("error: the run's checks failed (see above)", file=sys.stderr)
+        return 1
     return 0
 
 

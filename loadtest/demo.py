@@ -1,148 +1,151 @@
-"""``make demo`` for now: the cluster-model self-check on real trace data.
+"""``make demo`` and the load-test modes: run a scenario, print it, write the reports.
 
-Layer: ROOT (wires data, the cache and a report). Loads the Alibaba openb GPU nodes
-(or a synthetic HGX fleet when the shared data folder is absent) as the Node objects a
-kubelet would register, feeds them through the same conversion and cache the servers
-use, then places the trace's pods one by one, best fit over the snapshot, assuming each
-placement as the extender's bind does. It prints what a person checks first: GPUs,
-placements, allocation and how fast snapshots and assumptions are. It grows into the
-full demo (webhook + extender + Kueue play) as the servers land. Must not be imported by
-the servers.
+Layer: ROOT. Chooses the run's shape for each mode (``demo``: 64 HGX nodes, the three
+teams' queues, a mixed stream for about twenty seconds; ``latency``: a bigger fleet at a
+target job rate; ``soak``: a long steady run watching memory), runs it through
+``scenario``, prints the summary and writes ``<name>.json`` and ``<name>.html``. Must
+not read the environment (``__main__`` does) or decide anything about the cluster.
 """
 
 from __future__ import annotations
 
-import resource
-from dataclasses import dataclass
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from cluster.cache import AllocationConflict, ClusterCache
+import uvloop
+
+from cluster import jsonio
 from cluster.clock import Clock
-from cluster.convert import pod_from_json
-from cluster.feed import CacheFeed
-from cluster.model import Allocation, NodeState, PodDemand
-from cluster.snapshot import Snapshot, pick_gpus
-from loadtest.traces import (
-    TraceMissing,
-    TraceNode,
-    TracePod,
-    node_object,
-    pod_object,
-    read_openb_nodes,
-    read_openb_pods,
-)
+from loadtest import report, scenario
+from loadtest.cluster_sim import ClusterSim
+from loadtest.fleet import FleetSpec, StreamSpec
+
+Say = Callable[[str], None]
+
+
+def demo_spec(*, short: bool = False, seed: int = 1) -> scenario.RunSpec:
+    if short:
+        # CI: a small fleet, a few seconds of jobs, quick pods; same flow end to end.
+        return scenario.RunSpec(
+            fleet=FleetSpec(nodes=16),
+            stream=StreamSpec(rate=15.0, duration_s=4.0, median_run_s=0.8, max_run_s=3.0),
+            drain_s=10.0,
+            seed=seed,
+        )
+    return scenario.RunSpec(
+        fleet=FleetSpec(nodes=64),
+        stream=StreamSpec(rate=40.0, duration_s=20.0, median_run_s=4.0, max_run_s=15.0),
+        drain_s=20.0,
+        seed=seed,
+    )
 
 
 @dataclass(frozen=True, slots=True)
-class DemoReport:
-    source: str
-    nodes: int
-    gpus: int
-    pods: int
-    placed: int
-    skipped: int
-    allocated_pct: float
-    load_s: float
-    place_s: float
-    snapshot_us: float
-    peak_rss_mib: float
+class Outcome:
+    data: dict[str, Any]
+    json_path: Path
+    html_path: Path
 
-    def lines(self) -> list[str]:
-        per_pod_us = self.place_s / max(self.pods, 1) * 1e6
-        return [
-            f"cluster model self-check on {self.source}",
-            f"  nodes loaded            {self.nodes:>10,}   ({self.gpus:,} GPUs)",
-            f"  load + convert + cache  {self.load_s * 1000:>10.1f} ms",
-            f"  pods arrived            {self.pods:>10,}",
-            f"  placed / fit nowhere    {self.placed:>10,} / {self.skipped:,}",
-            f"  GPU capacity allocated  {self.allocated_pct:>10.2f} %",
-            f"  decide + assume         {per_pod_us:>10.1f} µs per pod",
-            f"  snapshot after a change {self.snapshot_us:>10.1f} µs",
-            f"  peak RSS                {self.peak_rss_mib:>10.1f} MiB",
-        ]
+    @property
+    def ok(self) -> bool:
+        return bool(self.data["checks"]["ok"]) and not self.data["errors_fatal"]
 
 
-def synthetic_fleet(count: int = 64) -> list[TraceNode]:
-    """HGX-like nodes: 8 GPUs, 2 TB memory, 224 cores."""
-    return [TraceNode(f"hgx-{i:03d}", 224_000, 2_097_152, 8, "H100") for i in range(count)]
+def _progress(say_live: Callable[[str], None]) -> Callable[[ClusterSim], None]:
+    def show(sim: ClusterSim) -> None:
+        r = sim.result
+        jobs = len(r.jobs)
+        bound = sum(1 for p in r.pods.values() if p.bound_s is not None and not p.ended)
+        pending = sum(1 for p in r.pods.values() if p.bound_s is None and not p.ended)
+        gpus = r.samples[-1].gpus_allocated if r.samples else 0.0
+        total = max(r.gpus_total, 1)
+        filled = int(30 * gpus / total)
+        bar = "#" * filled + "." * (30 - filled)
+        say_live(
+            f"{sim.now_s():6.1f} s  jobs {jobs:>5}/{len(sim.jobs_in)}  "
+            f"waiting {len(sim.pending):>4}  "
+            f"running {bound:>4}  pending {pending:>4}  GPUs [{bar}] {100 * gpus / total:5.1f}%"
+        )
+
+    return show
 
 
-def synthetic_pods(nodes: list[TraceNode]) -> list[TracePod]:
-    """A mix shaped like the openb trace: mostly one GPU, some shares, a few 8-GPU pods."""
-    sizes = [(1, 1000)] * 6 + [(0, 0)] + [(1, 250), (1, 500), (2, 1000), (4, 1000), (8, 1000)]
-    capacity = sum(n.gpus for n in nodes) * 1000
-    pods: list[TracePod] = []
-    arrived = 0
-    while arrived < capacity * 1.1:
-        num, milli = sizes[len(pods) % len(sizes)]
-        pods.append(TracePod(f"pod-{len(pods):05d}", 4000, 16384, num, milli))
-        arrived += num * milli
-    return pods
-
-
-def best_fit(snapshot: Snapshot, demand: PodDemand) -> Allocation | None:
-    """The node left with the least free GPU capacity that still holds the pod."""
-    best: tuple[int, NodeState, tuple[int, ...]] | None = None
-    for node in snapshot.nodes.values():
-        # Cheap totals first: most nodes of a busy cluster are ruled out by them alone.
-        if node.free_milli < demand.total_milli or (
-            demand.products and node.product not in demand.products
-        ):
+def quota_nominal_gpus(prepared: scenario.Prepared) -> int:
+    """The whole GPUs all ClusterQueues may hold together (shares as milli / 1000)."""
+    total_milli = 0
+    for obj in prepared.policy:
+        if obj.get("kind") != "ClusterQueue":
             continue
-        indices = pick_gpus(node, demand)
-        if indices is not None and (best is None or node.free_milli < best[0]):
-            best = (node.free_milli, node, indices)
-    if best is None:
-        return None
-    return Allocation(best[1].name, best[2], demand.milli_per_gpu)
+        for group in obj["spec"].get("resourceGroups", []):
+            for flavor in group.get("flavors", []):
+                for res in flavor.get("resources", []):
+                    if res["name"] == "nvidia.com/gpu":
+                        total_milli += 1000 * int(str(res.get("nominalQuota", 0)))
+                    elif res["name"] == "tessera.dev/gpu-milli":
+                        total_milli += int(str(res.get("nominalQuota", 0)))
+    return total_milli // 1000
 
 
-def run(clock: Clock, data_dir: Path, *, max_pods: int | None = None) -> DemoReport:
-    try:
-        nodes, pods, source = read_openb_nodes(data_dir), read_openb_pods(data_dir), "openb"
-    except TraceMissing:
-        nodes = synthetic_fleet()
-        pods, source = synthetic_pods(nodes), "a synthetic 64-node HGX fleet"
-    if max_pods is not None:
-        pods = pods[:max_pods]
-
-    start = clock.monotonic()
-    cache = ClusterCache(clock)
-    CacheFeed(cache).load([node_object(n) for n in nodes])
-    loaded = clock.monotonic()
-
-    placed = skipped = 0
-    for trace_pod in pods:
-        pod = pod_from_json(pod_object(trace_pod))
-        if not pod.demand.uses_gpu:
-            continue
-        allocation = best_fit(cache.snapshot(), pod.demand)
-        try:
-            if allocation is None:
-                raise AllocationConflict("fits nowhere")
-            cache.assume(pod, allocation)
-            placed += 1
-        except AllocationConflict:
-            skipped += 1
-    done = clock.monotonic()
-
-    snapshot = cache.snapshot()
-    total = sum(len(n.gpus) for n in snapshot.nodes.values()) * 1000
-    free = sum(g.free_milli for n in snapshot.nodes.values() for g in n.gpus)
-    before = clock.monotonic()
-    cache.forget(next(iter(snapshot.assumed)))
-    cache.snapshot()
-    snapshot_us = (clock.monotonic() - before) * 1e6
-    return DemoReport(
-        source=source,
-        nodes=len(snapshot.nodes),
-        gpus=total // 1000,
-        pods=len(pods),
-        placed=placed,
-        skipped=skipped,
-        allocated_pct=100.0 * (total - free) / total,
-        load_s=loaded - start,
-        place_s=done - loaded,
-        snapshot_us=snapshot_us,
-        peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+def execute(
+    name: str,
+    spec: scenario.RunSpec,
+    out_dir: Path,
+    *,
+    clock: Clock,
+    say: Say,
+    live: Callable[[str], None] | None = None,
+) -> Outcome:
+    """Run one scenario, print its summary, write ``out_dir/<name>.json|.html``."""
+    say(
+        f"starting: webhook (TLS, fresh certificates) and extender, {spec.fleet.nodes} HGX nodes, "
+        f"~{spec.stream.rate * spec.stream.duration_s:.0f} jobs over {spec.stream.duration_s:.0f} s"
+        if spec.remote is None
+        else f"targets: {spec.remote.webhook_url} and {spec.remote.extender_url}"
     )
+    began = clock.monotonic()
+    progress = _progress(live) if live is not None else None
+    result, prepared = uvloop.run(scenario.run(spec, clock, progress))
+    if live is not None:
+        live("")
+    nominal = quota_nominal_gpus(prepared)
+    meta = {
+        "mode": name,
+        "nodes": spec.fleet.nodes,
+        "rate_jobs_per_s": spec.stream.rate,
+        "arrivals_s": spec.stream.duration_s,
+        "seed": spec.seed,
+        "quota_scale": prepared.quota_scale,
+        "quota_nominal_gpus": nominal,
+        "remote": spec.remote is not None,
+        "wall_s": clock.monotonic() - began,
+    }
+    data = report.to_json(result, meta, nominal)
+    data["errors_fatal"] = sum(result.errors.values())
+    for line in report.summary_lines(result, data):
+        say(line)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, html_path = out_dir / f"{name}.json", out_dir / f"{name}.html"
+    json_path.write_bytes(jsonio.dumps(data))
+    title = f"Tessera load test: {name}, {result.nodes} nodes, {len(result.jobs)} jobs"
+    html_path.write_text(report.html_page(result, data, title), encoding="utf-8")
+    say(f"reports: {json_path} {html_path}  ({clock.monotonic() - began:.1f} s)")
+    return Outcome(data, json_path, html_path)
+
+
+def live_line(stream: Any = sys.stderr) -> Callable[[str], None] | None:
+    """A progress line rewritten in place, only on a terminal."""
+    if not stream.isatty():
+        return None
+
+    def show(text: str) -> None:
+        stream.write("\r" + text.ljust(110)[:110] + ("\n" if not text else ""))
+        stream.flush()
+
+    return show
+
+
+def with_stream(spec: scenario.RunSpec, **changes: Any) -> scenario.RunSpec:
+    return replace(spec, stream=replace(spec.stream, **changes))

@@ -1,0 +1,157 @@
+"""One load-test run, assembled: inputs, servers, the simulated cluster.
+
+Layer: ROOT (wires the pieces; the CLI in ``__main__`` fills ``RunSpec`` from flags).
+Builds the fleet and the job stream, loads the teams' Kueue objects from
+``manifests/examples`` (quotas scaled to the fleet), starts the ``MiniApiServer`` and
+both servers (or connects to remote ones), runs ``ClusterSim`` and returns its result.
+Must not read the environment or print: ``progress`` and the caller do the talking.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from cluster.clock import Clock
+from cluster.files import load_objects
+from loadtest import fleet as fleet_mod
+from loadtest.apiserver import NODES, MiniApiServer
+from loadtest.bench_webhook import ROOT
+from loadtest.cluster_sim import ClusterSim, SimResult
+from loadtest.targets import local_servers, remote, write_objects
+
+EXAMPLES_DIR = ROOT / "manifests" / "examples"
+POLICY_FILES = (
+    "flavors.yaml",
+    "topology.yaml",
+    "priority-classes.yaml",
+    "cluster-queues.yaml",
+    "local-queues.yaml",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Remote:
+    webhook_url: str
+    extender_url: str
+    ca: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    fleet: fleet_mod.FleetSpec = field(default_factory=fleet_mod.FleetSpec)
+    stream: fleet_mod.StreamSpec = field(default_factory=fleet_mod.StreamSpec)
+    quota_scale: int | None = None
+    """None: scale the example quotas to the fleet's GPUs."""
+    drain_s: float = 30.0
+    extender_weight: int = 5
+    seed: int = 1
+    remote: Remote | None = None
+    keep_dir: Path | None = None
+    """Where server logs, certificates and the policy go (default: a temporary folder)."""
+
+
+def example_policy() -> list[dict[str, Any]]:
+    objects: list[dict[str, Any]] = []
+    for name in POLICY_FILES:
+        objects.extend(load_objects(EXAMPLES_DIR / name))
+    return objects
+
+
+def default_scale(policy: list[dict[str, Any]], gpus: int) -> int:
+    """The largest whole factor that keeps the examples' nominal GPU quota within the
+    fleet's GPUs (at least 1)."""
+    nominal = 0
+    for obj in policy:
+        if obj.get("kind") != "ClusterQueue":
+            continue
+        for group in obj["spec"].get("resourceGroups", []):
+            for flavor in group.get("flavors", []):
+                for res in flavor.get("resources", []):
+                    if res["name"] == "nvidia.com/gpu":
+                        nominal += int(str(res.get("nominalQuota", 0)))
+    return max(1, gpus // max(nominal, 1))
+
+
+@dataclass(slots=True)
+class Prepared:
+    nodes: list[dict[str, Any]]
+    policy: list[dict[str, Any]]
+    jobs: list[fleet_mod.JobSpec]
+    quota_scale: int
+
+
+def prepare(spec: RunSpec, now: datetime) -> Prepared:
+    rng = random.Random(spec.seed)
+    nodes = fleet_mod.hgx_fleet(spec.fleet, now, rng)
+    policy = example_policy()
+    gpus = 8 * len(nodes)
+    scale = spec.quota_scale or default_scale(policy, gpus)
+    policy = fleet_mod.scale_quotas(policy, scale)
+    jobs = fleet_mod.job_stream(spec.stream, rng)
+    return Prepared(nodes, policy, jobs, scale)
+
+
+async def run(
+    spec: RunSpec,
+    clock: Clock,
+    progress: Callable[[ClusterSim], None] | None = None,
+) -> tuple[SimResult, Prepared]:
+    prepared = prepare(spec, clock.now())
+    folder = spec.keep_dir or Path(tempfile.mkdtemp(prefix="tessera-loadtest-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        async with MiniApiServer() as api:
+            write_objects(folder / "nodes.json", prepared.nodes)
+            for node in prepared.nodes:
+                api.put(NODES, node)
+            targets_cm = (
+                local_servers(
+                    folder,
+                    prepared.policy,
+                    api.kubeconfig(folder),
+                    [
+                        "--topology-levels",
+                        fleet_mod.TOPOLOGY_LEVELS,
+                        "--assume-ttl",
+                        "120",
+                    ],
+                    clock,
+                )
+                if spec.remote is None
+                else remote(
+                    spec.remote.webhook_url,
+                    spec.remote.extender_url,
+                    clock,
+                    ca=spec.remote.ca,
+                    client_cert=spec.remote.client_cert,
+                    client_key=spec.remote.client_key,
+                )
+            )
+            sim_nodes = prepared.nodes
+            async with targets_cm as targets:
+                sim = ClusterSim(
+                    targets,
+                    api,
+                    sim_nodes,
+                    prepared.policy,
+                    prepared.jobs,
+                    clock=clock,
+                    extender_weight=spec.extender_weight,
+                    drain_s=spec.drain_s,
+                    seed=spec.seed,
+                    progress=progress,
+                )
+                result = await sim.run()
+        return result, prepared
+    finally:
+        if spec.keep_dir is None:
+            shutil.rmtree(folder, ignore_errors=True)
