@@ -9,13 +9,20 @@ The field names are upstream's (k8s.io/api/admission/v1), camelCase as on the wi
 Unknown fields are ignored, so a newer kube-apiserver's additions do not break decoding.
 Anything that is not a well-formed v1 review raises ``BadReview`` with a reason, which the
 server answers with HTTP 400.
+
+The models are the definition; the hot path does not build them. A review whose fields
+are each absent or of exactly their wire type (what kube-apiserver sends) is checked and
+read by hand, and anything else is left to the models, which coerce or refuse with their
+own messages. Answers are written as the dict the response model would dump. Tests hold
+both to the models' reading and writing.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, Literal
+from types import MappingProxyType
+from typing import Any, Final, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -111,7 +118,21 @@ class AdmissionReviewModel(_Wire):
 
 
 def decode_review(body: bytes, *, max_bytes: int = MAX_REVIEW_BYTES) -> ReviewRequest:
-    """The request of an AdmissionReview v1 body; raises ``BadReview`` with a reason."""
+    """The request of an AdmissionReview v1 body; raises ``BadReview`` with a reason.
+
+    A review that is plainly well-formed (every field absent or of exactly its wire
+    type, as kube-apiserver sends them) is read by hand; anything else goes through the
+    pydantic models (``validate_review``), which accept or word the error. Both read a
+    review the same way; the first is several times faster.
+    """
+    raw = _parse(body, max_bytes)
+    request = _fast_request(raw)
+    if request is not None:
+        return request
+    return validate_review(raw)
+
+
+def _parse(body: bytes, max_bytes: int) -> dict[str, Any]:
     if len(body) > max_bytes:
         raise BadReview(f"the body is {len(body)} bytes, more than the {max_bytes} accepted")
     try:
@@ -133,12 +154,34 @@ def decode_review(body: bytes, *, max_bytes: int = MAX_REVIEW_BYTES) -> ReviewRe
         raise BadReview("the review has no request")
     if not isinstance(request.get("uid"), str) or not request["uid"]:
         raise BadReview("request.uid is missing")
+    return raw
+
+
+def validate_review(raw: dict[str, Any]) -> ReviewRequest:
+    """The request of a decoded review, validated by the pydantic wire models."""
     try:
         model = AdmissionReviewModel.model_validate(raw)
     except ValidationError as exc:
         raise BadReview(_summarize(exc)) from None
-    assert model.request is not None  # checked above
-    return _to_request(model.request)
+    if model.request is None:
+        raise BadReview("the review has no request")
+    request = model.request
+    user = request.userInfo
+    return _to_request(
+        uid=request.uid,
+        kind=GroupVersionKind(request.kind.group, request.kind.version, request.kind.kind),
+        resource=GroupVersionResource(
+            request.resource.group, request.resource.version, request.resource.resource
+        ),
+        operation=request.operation,
+        namespace=request.namespace,
+        name=request.name,
+        obj=request.object,
+        old=request.oldObject,
+        sub_resource=request.subResource,
+        dry_run=request.dryRun,
+        user=UserInfo(username=user.username, uid=user.uid, groups=tuple(user.groups)),
+    )
 
 
 def _summarize(exc: ValidationError) -> str:
@@ -162,29 +205,141 @@ def _check_kind(obj: Mapping[str, Any] | None, field: str, kind: GroupVersionKin
         )
 
 
-def _to_request(model: AdmissionRequestModel) -> ReviewRequest:
-    kind = GroupVersionKind(model.kind.group, model.kind.version, model.kind.kind)
-    if model.operation in ("CREATE", "UPDATE") and model.object is None:
-        raise BadReview(f"request.object is missing for {model.operation}")
-    if model.operation == "UPDATE" and model.oldObject is None:
+def _to_request(
+    *,
+    uid: str,
+    kind: GroupVersionKind,
+    resource: GroupVersionResource,
+    operation: str,
+    namespace: str | None,
+    name: str | None,
+    obj: dict[str, Any] | None,
+    old: dict[str, Any] | None,
+    sub_resource: str | None,
+    dry_run: bool | None,
+    user: UserInfo,
+) -> ReviewRequest:
+    if operation in ("CREATE", "UPDATE") and obj is None:
+        raise BadReview(f"request.object is missing for {operation}")
+    if operation == "UPDATE" and old is None:
         raise BadReview("request.oldObject is missing for UPDATE")
-    _check_kind(model.object, "object", kind)
-    _check_kind(model.oldObject, "oldObject", kind)
-    user = model.userInfo
+    _check_kind(obj, "object", kind)
+    _check_kind(old, "oldObject", kind)
     return ReviewRequest(
-        uid=model.uid,
+        uid=uid,
         kind=kind,
-        resource=GroupVersionResource(
-            model.resource.group, model.resource.version, model.resource.resource
-        ),
-        operation=model.operation,
-        namespace=model.namespace or "",
-        name=model.name or "",
-        object=model.object,
-        old_object=model.oldObject,
-        sub_resource=model.subResource or "",
-        dry_run=bool(model.dryRun),
-        user=UserInfo(username=user.username, uid=user.uid, groups=tuple(user.groups)),
+        resource=resource,
+        operation=operation,
+        namespace=namespace or "",
+        name=name or "",
+        object=obj,
+        old_object=old,
+        sub_resource=sub_resource or "",
+        dry_run=bool(dry_run),
+        user=user,
+    )
+
+
+# ---------------------------------------------------------------- the hand-checked path
+#
+# Every check raises _Unsure when a value is not exactly what the models accept without
+# coercion; the review then goes to the models, which decide and word the error. So this
+# path never accepts what the models would refuse, and reads what it accepts the same way.
+
+
+class _Unsure(Exception):
+    """Not plainly well-formed: the models must judge."""
+
+
+_OPERATIONS: Final = frozenset(("CREATE", "UPDATE", "DELETE", "CONNECT"))
+_OPTIONAL_TEXT: Final = ("subResource", "requestSubResource", "name", "namespace")
+_OPTIONAL_MAPS: Final = ("object", "oldObject", "options")
+_KNOWN_KINDS: Final = (("batch", "v1", "Job", "jobs"), ("", "v1", "Pod", "pods"),
+                       ("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets"))  # fmt: skip
+# The kinds reviewed all day, made once: frozen records are immutable, so sharing is safe.
+_GVKS: Final = MappingProxyType(
+    {(g, v, k): GroupVersionKind(g, v, k) for g, v, k, _ in _KNOWN_KINDS}
+)
+_GVRS: Final = MappingProxyType(
+    {(g, v, r): GroupVersionResource(g, v, r) for g, v, _, r in _KNOWN_KINDS}
+)
+_ABSENT: Final = cast(Any, object())
+
+
+def _gv_strings(value: object, last: str) -> tuple[str, str, str]:
+    """``(group, version, kind|resource)`` of a GroupVersionKind/Resource map."""
+    if type(value) is not dict:
+        raise _Unsure
+    group, version, name = value.get("group", ""), value.get("version"), value.get(last)
+    if type(group) is not str or type(version) is not str or type(name) is not str:
+        raise _Unsure
+    return group, version, name
+
+
+def _user(value: object) -> UserInfo:
+    if value is _ABSENT:
+        return UserInfo()
+    if type(value) is not dict:
+        raise _Unsure
+    username, uid = value.get("username", ""), value.get("uid", "")
+    groups, extra = value.get("groups", []), value.get("extra", {})
+    if type(username) is not str or type(uid) is not str or type(groups) is not list:
+        raise _Unsure
+    for group in groups:
+        if type(group) is not str:
+            raise _Unsure
+    if type(extra) is not dict:
+        raise _Unsure
+    for values in extra.values():
+        if type(values) is not list:
+            raise _Unsure
+        for item in values:
+            if type(item) is not str:
+                raise _Unsure
+    return UserInfo(username=username, uid=uid, groups=tuple(groups))
+
+
+def _fast_request(raw: dict[str, Any]) -> ReviewRequest | None:
+    """The request read by hand, or ``None`` to leave it to the models."""
+    if raw.get("response") is not None:
+        return None
+    request: dict[str, Any] = raw["request"]
+    get = request.get
+    try:
+        operation = get("operation")
+        if type(operation) is not str or operation not in _OPERATIONS:
+            raise _Unsure
+        gvk = _gv_strings(get("kind"), "kind")
+        gvr = _gv_strings(get("resource"), "resource")
+        for optional, last in (("requestKind", "kind"), ("requestResource", "resource")):
+            if get(optional) is not None:
+                _gv_strings(get(optional), last)
+        for key in _OPTIONAL_TEXT:
+            value = get(key)
+            if value is not None and type(value) is not str:
+                raise _Unsure
+        for key in _OPTIONAL_MAPS:
+            value = get(key)
+            if value is not None and type(value) is not dict:
+                raise _Unsure
+        dry_run = get("dryRun")
+        if dry_run is not None and type(dry_run) is not bool:
+            raise _Unsure
+        user = _user(get("userInfo", _ABSENT))
+    except _Unsure:
+        return None
+    return _to_request(
+        uid=request["uid"],
+        kind=_GVKS.get(gvk) or GroupVersionKind(*gvk),
+        resource=_GVRS.get(gvr) or GroupVersionResource(*gvr),
+        operation=operation,
+        namespace=get("namespace"),
+        name=get("name"),
+        obj=get("object"),
+        old=get("oldObject"),
+        sub_resource=get("subResource"),
+        dry_run=dry_run,
+        user=user,
     )
 
 
@@ -204,26 +359,26 @@ def encode_response(
     """The AdmissionReview v1 answer to request ``uid``.
 
     A patch is sent only when it has operations (and only with ``allowed``); a denial
-    carries ``status`` with ``code`` (403 or 422), ``message`` and ``reason``.
+    carries ``status`` with ``code`` (403 or 422), ``message`` and ``reason``. Built as the
+    dict that ``AdmissionReviewModel(...).model_dump(exclude_none=True)`` would give (same
+    keys, same order), without building the models for every answer.
     """
-    status = None
-    if not allowed or code is not None:
-        status = StatusModel(
-            status="Success" if allowed else "Failure", message=message, reason=reason, code=code
-        )
-    encoded = None
+    response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if allowed and patch:
-        encoded = base64.b64encode(jsonio.dumps(patch)).decode("ascii")
-    response = AdmissionResponseModel(
-        uid=uid,
-        allowed=allowed,
-        patchType="JSONPatch" if encoded else None,
-        patch=encoded,
-        status=status,
-        warnings=list(warnings) or None,
-    )
-    review = AdmissionReviewModel(apiVersion=API_VERSION, kind=KIND, response=response)
-    return jsonio.dumps(review.model_dump(exclude_none=True))
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(jsonio.dumps(patch)).decode("ascii")
+    if not allowed or code is not None:
+        status: dict[str, Any] = {"status": "Success" if allowed else "Failure"}
+        if message is not None:
+            status["message"] = message
+        if reason is not None:
+            status["reason"] = reason
+        if code is not None:
+            status["code"] = code
+        response["status"] = status
+    if warnings:
+        response["warnings"] = list(warnings)
+    return jsonio.dumps({"apiVersion": API_VERSION, "kind": KIND, "response": response})
 
 
 def encode_status(code: int, reason: str, message: str) -> bytes:

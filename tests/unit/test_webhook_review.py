@@ -8,10 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cluster import jsonio
 from tests.unit.test_webhook_rules import CONFIG, POLICY
-from webhook.review import BadReview, decode_review, encode_response, encode_status
+from webhook.review import (
+    AdmissionReviewModel,
+    BadReview,
+    decode_review,
+    encode_response,
+    encode_status,
+    validate_review,
+)
 from webhook.review_flow import handle_review, review
 
 CAPTURES = Path(__file__).resolve().parents[3] / "shared" / "captures"
@@ -98,6 +107,68 @@ def test_unknown_fields_from_a_newer_apiserver_are_ignored() -> None:
     assert decode_review(jsonio.dumps(body)).uid == "u-1"
 
 
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-2, 2)
+    | st.sampled_from(
+        ["", "v1", "Pod", "pods", "CREATE", "UPDATE", "DELETE", "true", "status", "x"]
+    )
+)
+_plausible = st.sampled_from(
+    [{"group": "", "version": "v1", "kind": "Pod"}, {"version": "v1", "resource": "pods"},
+     {"username": "x", "groups": []}, {"apiVersion": "v1", "kind": "Pod"}, {}]
+)  # fmt: skip
+_values = _plausible | st.recursive(
+    _scalars,
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(
+        st.sampled_from(["group", "version", "kind", "resource", "username", "uid", "groups",
+                         "extra", "apiVersion", "metadata", "spec", "a"]),
+        children,
+        max_size=4,
+    ),
+    max_leaves=10,
+)  # fmt: skip
+_request_fields = st.sampled_from(
+    ["kind", "resource", "subResource", "requestKind", "requestResource", "requestSubResource",
+     "name", "namespace", "operation", "userInfo", "object", "oldObject", "dryRun", "options"]
+)  # fmt: skip
+
+
+def _outcome(decode: Any) -> object:
+    try:
+        return decode()
+    except BadReview as exc:
+        return f"BadReview: {exc}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    changes=st.dictionaries(_request_fields, _values, max_size=4),
+    removed=st.sets(_request_fields, max_size=3),
+    response=st.sampled_from([None, {}, {"uid": "u", "allowed": True}, 7]),
+)
+def test_the_fast_reading_of_a_review_is_the_models_reading(
+    changes: dict[str, Any], removed: set[str], response: Any
+) -> None:
+    """Whatever a review holds, it reads as the pydantic models read it, or fails with
+    the same reason: the hand-checked path only takes what it can vouch for."""
+    full = {
+        "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+        "userInfo": {"username": "u", "groups": ["g"], "extra": {"k": ["v"]}},
+        "dryRun": False,
+        "options": {"kind": "CreateOptions"},
+    }
+    body = _review(**{**full, **changes})
+    for field in removed:
+        body["request"].pop(field, None)
+    if response is not None:
+        body["response"] = response
+    fast = _outcome(lambda: decode_review(jsonio.dumps(body)))
+    assert fast == _outcome(lambda: validate_review(body))
+
+
 def test_an_allowed_answer_with_a_patch() -> None:
     patch = [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}]
     answer = jsonio.loads(encode_response("u-1", allowed=True, patch=patch, warnings=["w"]))
@@ -121,6 +192,24 @@ def test_a_denial_carries_code_reason_and_message() -> None:
         "allowed": False,
         "status": {"status": "Failure", "message": "no", "reason": "Forbidden", "code": 403},
     }
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"allowed": True},
+        {"allowed": True, "patch": [{"op": "add", "path": "/a", "value": 1}], "warnings": ["w"]},
+        {"allowed": True, "patch": [], "warnings": ["w", "x"]},
+        {"allowed": False, "code": 403, "message": "no", "reason": "Forbidden"},
+        {"allowed": False, "code": 422, "message": "bad", "reason": "Invalid", "warnings": ["w"]},
+        {"allowed": False, "patch": [{"op": "remove", "path": "/a"}]},
+        {"allowed": True, "code": 200, "message": "fine"},
+    ],
+)  # fmt: skip
+def test_answers_are_exactly_what_the_wire_model_writes(answer: dict[str, Any]) -> None:
+    encoded = encode_response("u-1", **answer)
+    model = AdmissionReviewModel.model_validate(jsonio.loads(encoded))
+    assert jsonio.dumps(model.model_dump(exclude_none=True)) == encoded
 
 
 def test_status_bodies_for_non_review_answers() -> None:
