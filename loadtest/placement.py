@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 from cluster import jsonio, labels
 from cluster.model import GpuDevice, NodeName, NodeState, PodDemand, PodKey
 from extender.config import ExtenderConfig, ScoringWeights, mix_from_demands
-from extender.plugins import FIT, PodContext, choose_gpus, run_filters, score_node
+from extender.plugins import FIT, SCORERS, PodContext, choose_gpus, clamp_score, run_filters
 from loadtest import fgd
 from loadtest.fgd import Shape
 from loadtest.traces import (
@@ -67,6 +67,7 @@ NOW: Final = datetime(2026, 1, 1, tzinfo=UTC)
 """The decisions' ``now``: only maintenance windows read it, and trace nodes have none."""
 
 Key = tuple[float, int]
+Select = Literal["best", "random", "wire"]
 NO_FIT: Final[Key] = (-1.0, -1)
 
 
@@ -163,8 +164,11 @@ class Policy(Protocol):
     """Scores a node that fits (higher wins) and names the GPUs the pod takes there."""
 
     name: str
-    randomized: bool
-    """Picks uniformly among fitting nodes instead of scoring them."""
+    select: Select
+    """``best``: the method's rule (best score, then rank). ``random``: uniformly among
+    the fitting nodes. ``wire``: as kube-scheduler with the extender's ``/prioritize``
+    answer: scores spread over 1..10 across the fitting nodes (``decide.wire_scores``),
+    the best wire score wins, ties by rank (kube-scheduler picks among them at random)."""
 
     def score(self, c: Cluster, n: int, s: Shape) -> float | None: ...
 
@@ -189,7 +193,7 @@ def baseline_choice(c: Cluster, n: int, s: Shape) -> list[int]:
 @dataclass(slots=True)
 class BestFit:
     name: str = "bestfit"
-    randomized: bool = False
+    select: Select = "best"
 
     def score(self, c: Cluster, n: int, s: Shape) -> float | None:
         return fgd.bestfit_score(c.cpu[n], s.cpu_milli, sum(c.gpus[n]), s.gpu_demand)
@@ -203,7 +207,7 @@ class Spread:
     """kube-scheduler's LeastAllocated over CPU, memory and GPU milli."""
 
     name: str = "spread"
-    randomized: bool = False
+    select: Select = "best"
 
     def score(self, c: Cluster, n: int, s: Shape) -> float | None:
         return fgd.spread_score(
@@ -219,7 +223,7 @@ class Spread:
 @dataclass(slots=True)
 class RandomFit:
     name: str = "random"
-    randomized: bool = True
+    select: Select = "random"
 
     def score(self, c: Cluster, n: int, s: Shape) -> float | None:
         return 0.0
@@ -235,7 +239,7 @@ class Fgd:
     typical: tuple[fgd.Typical, ...]
     name: str = "fgd"
     integer: bool = True
-    randomized: bool = False
+    select: Select = "best"
     memo: dict[tuple[Any, ...], tuple[float, list[int]] | None] = field(default_factory=dict)
 
     def _choice(self, c: Cluster, n: int, s: Shape) -> tuple[float, list[int]] | None:
@@ -275,7 +279,7 @@ class Tessera:
     free_cpu: bool = True
     scale: float = 10.0
     """Method score = floor(scale * score_node): 10 maps the extender's 0..10 onto 0..100."""
-    randomized: bool = False
+    select: Select = "best"
     contexts: dict[Shape, PodContext] = field(default_factory=dict)
     memo: dict[tuple[Any, ...], tuple[float, tuple[int, ...]] | None] = field(default_factory=dict)
 
@@ -300,7 +304,7 @@ class Tessera:
         if run_filters(ctx, node) is FIT:
             choice = choose_gpus(node, ctx.demand, self.config)
             if choice is not None:
-                score = score_node(ctx, node)
+                score = combined_score(ctx, node)
                 found = (math.floor(self.scale * score) if self.integer else score, choice)
         self.memo[key] = found
         return found
@@ -314,6 +318,19 @@ class Tessera:
         if found is None:
             raise AssertionError("a node that passed the extender's filters has GPUs")
         return list(found[1])
+
+
+def combined_score(ctx: PodContext, node: NodeState) -> float:
+    """``plugins.score_node``'s weighted mean of ``plugins.SCORERS`` (a test holds the two
+    equal), without the per-call memo key that ``score_node`` formats from the whole pod
+    mix: a fresh node per call here, so that key would cost more than it saves."""
+    weights = ctx.config.weights
+    total = sum(
+        getattr(weights, name) * scorer(ctx, node)
+        for name, scorer in SCORERS.items()
+        if getattr(weights, name)
+    )
+    return clamp_score(total / weights.total)
 
 
 PolicyFactory = Callable[[Sequence[TracePod]], Policy]
@@ -333,6 +350,10 @@ POLICIES: Final[dict[str, PolicyFactory]] = {
     "tessera-alloccpu": _tessera(name="tessera-alloccpu", free_cpu=False),
     "tessera-candidate": _tessera(ScoringWeights(gang_locality=0.0), name="tessera-candidate"),
     "tessera-coarse": _tessera(name="tessera-coarse", scale=5.0),
+    "tessera-wire": _tessera(name="tessera-wire", integer=False, select="wire"),
+    "tessera-packing": _tessera(
+        ScoringWeights(island_fit=0.0, gang_locality=0.0), name="tessera-packing"
+    ),
     "fgd": lambda pods: Fgd(fgd.typical_shapes(shape_of(p) for p in pods)),
     "fgd-float": lambda pods: Fgd(
         fgd.typical_shapes(shape_of(p) for p in pods), name="fgd-float", integer=False
@@ -409,9 +430,11 @@ def play(
         for n in stale:
             score = policy.score(cluster, n, s) if cluster.fits(n, s) else None
             keys[n] = NO_FIT if score is None else (score, tie[n])
-        if policy.randomized:
+        if policy.select == "random":
             fitting = [n for n in range(count) if keys[n] is not NO_FIT]
             best = pick_rng.choice(fitting) if fitting else -1
+        elif policy.select == "wire":
+            best = wire_best(keys)
         else:
             # one node fitting wins outright; else the best score, then the best rank
             top = max(keys)
@@ -425,6 +448,18 @@ def play(
             changes.append(best)
         points.append((arrived, allocated))
     return Played(points, skipped, skipped_milli, cluster)
+
+
+def wire_best(keys: Sequence[Key]) -> int:
+    """The node kube-scheduler binds given ``decide.wire_scores``' normalized answer:
+    ``1 + round(9 (s - low) / (high - low))`` is 10 exactly where s is above
+    high - (high - low) / 18 (Python rounds 8.5 to 8); among those, the best rank."""
+    scores = [k[0] for k in keys if k is not NO_FIT]
+    if not scores:
+        return -1
+    low, high = min(scores), max(scores)
+    floor_ = low - 1.0 if high - low < 1e-9 else high - (high - low) / 18
+    return max((k[1], n) for n, k in enumerate(keys) if k is not NO_FIT and k[0] > floor_)[1]
 
 
 def simulate(

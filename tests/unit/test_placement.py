@@ -13,19 +13,26 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster.convert import node_from_json
-from extender.config import ExtenderConfig
+from cluster.model import PodKey
+from extender.config import ExtenderConfig, mix_from_demands
+from extender.plugins import PodContext, score_node
 from loadtest import fgd
 from loadtest.fgd import Shape
 from loadtest.placement import (
+    NO_FIT,
+    NOW,
     BestFit,
     Cluster,
     Fgd,
     Policy,
     RandomFit,
     Tessera,
+    combined_score,
+    demand_of,
     node_state,
     parse_seeds,
     play,
+    wire_best,
 )
 from loadtest.traces import TraceNode, node_object
 
@@ -252,6 +259,33 @@ def test_tessera_keeps_a_whole_node_free_for_a_big_pod() -> None:
     pods = [gpu_pod(), gpu_pod(), gpu_pod(num=8)]
     _, skipped, _ = run(nodes, pods, Tessera(ExtenderConfig()))
     assert skipped == {}
+
+
+@pytest.mark.parametrize(
+    ("frees", "shape"),
+    [
+        ([1000] * 8, gpu_pod()),
+        ([1000, 1000, 300, 0, 1000, 1000, 1000, 1000], gpu_pod(milli=250)),
+        ([500, 1000], gpu_pod(num=1)),
+        ([1000, 1000, 1000, 1000], gpu_pod(num=4)),
+        ([700, 1000], CPU_POD),
+    ],
+)
+def test_the_harness_scores_nodes_as_the_extenders_score_node(
+    frees: list[int], shape: Shape
+) -> None:
+    config = ExtenderConfig(pod_mix=mix_from_demands([demand_of(gpu_pod(milli=500))] * 3))
+    node = node_state("n", "G2", frees, 20000, 65536)
+    ctx = PodContext(pod=PodKey("t/p"), demand=demand_of(shape), now=NOW, config=config)
+    assert combined_score(ctx, node) == pytest.approx(score_node(ctx, node))
+
+
+def test_wire_selection_ties_every_node_the_normalized_wire_score_puts_at_10() -> None:
+    # low 1, high 10: the wire's 10 is above 10 - 9/18 = 9.5; the rank decides among those
+    keys = [(1.0, 3), (9.9, 5), (10.0, 2), NO_FIT, (9.4, 9)]
+    assert wire_best(keys) == 1
+    assert wire_best([(4.0, 1), (4.0, 2)]) == 1
+    assert wire_best([NO_FIT]) == -1
 
 
 def test_seeds_parse_as_ranges_and_lists() -> None:
