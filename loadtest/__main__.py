@@ -24,6 +24,7 @@ examples:
   python -m loadtest demo --short               # the same in ~15 s (CI)
   python -m loadtest latency --rate 100 --duration 30 --nodes 256
   python -m loadtest soak --duration 600 --max-rss-growth-mib 40
+  python -m loadtest latency --trace openb-default --rate 50 --duration 20
   python -m loadtest latency --webhook-url https://tessera-webhook.example:443 \\
       --extender-url https://tessera-extender.example:8888 --ca ca.crt \\
       --client-cert kube-scheduler.crt --client-key kube-scheduler.key
@@ -62,6 +63,12 @@ def _common(parser: argparse.ArgumentParser, *, rate: float, duration: float, no
         help="the extender's weight in kube-scheduler (default 5)",
     )
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--trace",
+        default=None,
+        help="openb-<variant> (e.g. openb-default, openb-multigpu20): the Alibaba openb "
+        "nodes and GPU pods from --data instead of the synthetic HGX fleet and stream",
+    )
     parser.add_argument(
         "--out", type=Path, default=Path("reports"), help="report folder (default reports/)"
     )
@@ -106,6 +113,8 @@ def _spec(args: argparse.Namespace, base: scenario.RunSpec) -> scenario.RunSpec:
         seed=args.seed,
         remote=remote,
         keep_dir=args.keep,
+        trace=args.trace,
+        data_dir=args.data,
     )
 
 

@@ -99,8 +99,9 @@ def execute(
     live: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Run one scenario, print its summary, write ``out_dir/<name>.json|.html``."""
+    fleet = f"{spec.fleet.nodes} HGX nodes" if spec.trace is None else f"the {spec.trace} trace"
     say(
-        f"starting: webhook (TLS, fresh certificates) and extender, {spec.fleet.nodes} HGX nodes, "
+        f"starting: webhook (TLS, fresh certificates) and extender, {fleet}, "
         f"~{spec.stream.rate * spec.stream.duration_s:.0f} jobs over {spec.stream.duration_s:.0f} s"
         if spec.remote is None
         else f"targets: {spec.remote.webhook_url} and {spec.remote.extender_url}"
@@ -113,7 +114,8 @@ def execute(
     nominal = quota_nominal_gpus(prepared)
     meta = {
         "mode": name,
-        "nodes": spec.fleet.nodes,
+        "nodes": len(prepared.nodes),
+        "trace": spec.trace,
         "rate_jobs_per_s": spec.stream.rate,
         "arrivals_s": spec.stream.duration_s,
         "seed": spec.seed,

@@ -189,6 +189,9 @@ def to_json(result: SimResult, meta: Mapping[str, Any], quota_nominal_gpus: int)
         "errors": dict(result.errors),
         "filter_reasons": dict(result.filter_reasons.most_common(20)),
         "bind_refusals": dict(result.bind_refusals.most_common(20)),
+        "pod_start_s": summarize(
+            [p.bound_s - p.created_s for p in pods if p.bound_s is not None]
+        ).to_json(),
         "queue_wait_s": {
             q: summarize(w).to_json() for q, w in sorted(result.queue_waits().items())
         },
@@ -247,7 +250,7 @@ def placement_examples(result: SimResult, per_kind: int = 2) -> list[str]:
 def summary_lines(result: SimResult, data: Mapping[str, Any], placements: int = 6) -> list[str]:
     jobs, pods = data["jobs"], data["pods"]
     lines = [
-        f"cluster: {result.nodes} HGX nodes, {result.gpus_total} GPUs; "
+        f"cluster: {result.nodes} nodes, {result.gpus_total} GPUs; "
         f"run {result.duration_s:.1f} s (jobs arriving for {result.arrivals_s:.1f} s)",
         "",
         f"admission (webhook over TLS): {jobs['created']} jobs reviewed, "
@@ -271,6 +274,11 @@ def summary_lines(result: SimResult, data: Mapping[str, Any], placements: int = 
         f"{pods['pending_at_end']} pending at the end",
     ]
     lines += [f"  {line}" for line in placement_examples(result, per_kind=placements // 3)]
+    start = data["pod_start_s"]
+    lines.append(
+        f"  pod start (Kueue admission to bound, retries included): p50 {start['p50_s']:.3f} s, "
+        f"p99 {start['p99_s']:.3f} s, max {start['max_s']:.3f} s"
+    )
     if result.filter_reasons:
         lines.append("  why pods waited (retried later):")
         for reason, n in result.filter_reasons.most_common(4):

@@ -21,6 +21,7 @@ from typing import Any
 from cluster.clock import Clock
 from cluster.files import load_objects
 from loadtest import fleet as fleet_mod
+from loadtest import trace_input, traces
 from loadtest.apiserver import NODES, MiniApiServer
 from loadtest.bench_webhook import ROOT
 from loadtest.cluster_sim import ClusterSim, SimResult
@@ -57,6 +58,10 @@ class RunSpec:
     remote: Remote | None = None
     keep_dir: Path | None = None
     """Where server logs, certificates and the policy go (default: a temporary folder)."""
+    trace: str | None = None
+    """``openb-<variant>`` (e.g. ``openb-default``): nodes and pods from the Alibaba openb
+    trace in ``data_dir`` instead of the HGX fleet and the synthetic stream."""
+    data_dir: Path | None = None
 
 
 def example_policy() -> list[dict[str, Any]]:
@@ -91,6 +96,8 @@ class Prepared:
 
 def prepare(spec: RunSpec, now: datetime) -> Prepared:
     rng = random.Random(spec.seed)
+    if spec.trace is not None:
+        return _prepare_trace(spec, rng)
     nodes = fleet_mod.hgx_fleet(spec.fleet, now, rng)
     policy = example_policy()
     gpus = 8 * len(nodes)
@@ -155,3 +162,19 @@ async def run(
     finally:
         if spec.keep_dir is None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _prepare_trace(spec: RunSpec, rng: random.Random) -> Prepared:
+    """``TraceMissing`` (a ``FileNotFoundError`` naming the file) without the data."""
+    dataset, _, variant = (spec.trace or "").partition("-")
+    if dataset != "openb" or spec.data_dir is None:
+        raise ValueError(f"unknown trace {spec.trace!r}: use openb-<variant>, e.g. openb-default")
+    trace_nodes = traces.read_openb_nodes(spec.data_dir)
+    trace_pods = traces.read_openb_pods(spec.data_dir, variant or "default")
+    priorities = [o for o in example_policy() if o.get("kind") == "WorkloadPriorityClass"]
+    return Prepared(
+        trace_input.trace_nodes(trace_nodes),
+        trace_input.trace_policy(trace_nodes, priorities),
+        trace_input.trace_jobs(trace_pods, spec.stream, rng),
+        1,
+    )

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from cluster import jsonio, labels
-from loadtest import fleet, objects
+from loadtest import fleet, objects, trace_input
+from loadtest.traces import TraceNode, TracePod
 
 
 def answer(uid: str, **response: Any) -> bytes:
@@ -173,3 +174,28 @@ def test_the_stream_is_mostly_single_gpu_and_includes_each_expected_denial() -> 
     }
     assert all(j.run_s <= 20.0 for j in jobs)
     assert [j.at_s for j in jobs] == sorted(j.at_s for j in jobs)
+
+
+def test_the_openb_trace_becomes_flavors_queues_and_one_pod_jobs() -> None:
+    nodes = [TraceNode(f"n{i}", 96000, 393216, 8, "V100M32" if i < 2 else "T4") for i in range(3)]
+    policy = trace_input.trace_policy(nodes, [])
+    flavors = {o["metadata"]["name"] for o in policy if o["kind"] == "ResourceFlavor"}
+    assert flavors == {"gpu-v100m32", "gpu-t4"}
+    nlp = next(o for o in policy if o["kind"] == "ClusterQueue" and o["metadata"]["name"] == "nlp")
+    quotas = {
+        f["name"]: f["resources"][0]["nominalQuota"]
+        for f in nlp["spec"]["resourceGroups"][0]["flavors"]
+    }
+    assert quotas == {"gpu-t4": "3", "gpu-v100m32": "6"}  # 40 % of 8 and of 16 GPUs
+    pods = [
+        TracePod("a", 4000, 1024, 1, 1000, ("T4",), creation_time=100, deletion_time=200),
+        TracePod("cpu", 4000, 1024, 0, 0, (), creation_time=150, deletion_time=160),
+        TracePod("b", 4000, 1024, 1, 500, (), creation_time=300, deletion_time=1300),
+        TracePod("c", 4000, 1024, 2, 1000, (), creation_time=200, deletion_time=300),
+    ]
+    spec = fleet.StreamSpec(rate=3, duration_s=1.0, median_run_s=2.0, max_run_s=10.0)
+    jobs = trace_input.trace_jobs(pods, spec, random.Random(1))
+    assert [j.kind for j in jobs] == ["1-gpu", "multi-gpu", "share"]  # creation order, no CPU pod
+    assert [j.at_s for j in jobs] == pytest.approx([0.0, 0.4995, 0.999])  # span squeezed
+    assert [j.run_s for j in jobs] == [2.0, 2.0, 10.0]  # median 100 s -> 2 s; 1000 s capped
+    assert jobs[0].job["metadata"]["annotations"] == {labels.GPU_PRODUCT: "T4"}
