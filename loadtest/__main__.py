@@ -13,8 +13,9 @@ import os
 import sys
 from pathlib import Path
 
+from cluster import jsonio
 from cluster.clock import SystemClock
-from loadtest import demo, scenario, selfcheck
+from loadtest import demo, report, scenario, selfcheck
 from loadtest.fleet import FleetSpec, StreamSpec
 from loadtest.traces import DEFAULT_DATA_DIR
 
@@ -118,6 +119,19 @@ def _spec(args: argparse.Namespace, base: scenario.RunSpec) -> scenario.RunSpec:
     )
 
 
+def _placement_html(json_path: Path) -> None:
+    """The FGD figure (allocation vs arrived load per policy) next to the JSON."""
+    try:
+        data = jsonio.loads(json_path.read_bytes())
+        page = report.placement_page(data, "Tessera placement quality (FGD method, openb)")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"no placement HTML: {json_path}: {exc}", file=sys.stderr)
+        return
+    html_path = json_path.with_suffix(".html")
+    html_path.write_text(page, encoding="utf-8")
+    print(f"report: {html_path}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest",
@@ -187,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         rest = argv[argv.index("placement") + 1 :]
         if argv[0] == "--data":
             rest = ["--data", argv[1], *rest]
-        return placement.main(rest)
+        code = placement.main(rest)
+        if code == 0 and "--json" in rest:
+            _placement_html(Path(rest[rest.index("--json") + 1]))
+        return code
     args = parser.parse_args(argv)
     clock = SystemClock()
 

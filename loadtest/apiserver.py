@@ -32,7 +32,7 @@ from cluster import jsonio
 Obj = dict[str, Any]
 NODES = "nodes"
 PODS = "pods"
-HISTORY = 200_000
+HISTORY = 20_000
 """Events kept for watches that resume from an older resourceVersion."""
 
 

@@ -92,3 +92,23 @@ def test_a_chart_is_svg_with_a_line_per_series_and_escaped_labels() -> None:
     assert chart.count("<polyline") == 2
     assert "a &lt;b&gt;" in chart
     assert "x&amp;y" in chart
+
+
+def test_placement_curves_take_the_median_over_seeds_and_keep_published_figures() -> None:
+    data = {
+        "runs": [
+            {"trace": "default", "policy": "tessera", "curve": {"100": 90.0, "130": 95.0}},
+            {"trace": "default", "policy": "tessera", "curve": {"100": 92.0, "130": 96.0}},
+            {"trace": "default", "policy": "tessera", "curve": {"100": 91.0, "130": 99.0}},
+        ],
+        "published": {"default/06-FGD": {"130": 95.4, "100": 95.2}, "other/06-FGD": {"130": 1.0}},
+    }
+    curves = report.placement_curves(data)
+    assert curves == {
+        "default": {
+            "tessera": [(100.0, 91.0), (130.0, 96.0)],
+            "06-FGD (published)": [(100.0, 95.2), (130.0, 95.4)],
+        }
+    }
+    page = report.placement_page(data, "t")
+    assert page.count("<svg") == 2
