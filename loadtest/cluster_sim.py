@@ -128,6 +128,8 @@ class SimResult:
     rss: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
     duration_s: float = 0.0
     arrivals_s: float = 0.0
+    gpus_checked: bool = True
+    """Whether GPU indices were seen (only with a local extender)."""
 
     def queue_waits(self) -> dict[str, list[float]]:
         waits: dict[str, list[float]] = {}
@@ -414,7 +416,12 @@ class ClusterSim:
         self._timers.append(loop.call_later(pod.run_s, self._end_pod, pod))
 
     def _account(self, pod: PodRun, sign: int) -> None:
-        """The GPUs the extender gave, checked: never over 1000 milli, never unhealthy."""
+        """The GPUs the extender gave, checked: never over 1000 milli, never unhealthy.
+
+        Only a local extender writes its ``gpu-indices`` annotation into this run's API
+        server; a remote one writes to its own cluster, so there is nothing to check."""
+        if not self.targets.local:
+            return
         if not pod.indices:
             if pod.gpus or pod.milli:
                 self.result.over_allocations.append(f"{pod.key}: bound without gpu-indices")
@@ -526,6 +533,7 @@ class ClusterSim:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
         self.result.duration_s = self.now_s()
+        self.result.gpus_checked = self.targets.local
         self.result.rss = {
             t.name: list(t.rss_samples) for t in (self.targets.webhook, self.targets.extender)
         }

@@ -302,6 +302,8 @@ def summary_lines(result: SimResult, data: Mapping[str, Any], placements: int = 
             f"{r['last_mib']:.0f} MiB at the end"
         )
     c = data["checks"]
+    if not result.gpus_checked:
+        lines.append("GPU indices not checked: a remote extender records them in its own cluster")
     lines.append(
         "checks: "
         + ("all passed" if c["ok"] else "FAILED")
