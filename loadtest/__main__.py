@@ -1,7 +1,8 @@
 """``python -m loadtest``: the performance engineer's tool and the project's demo.
 
 Layer: ROOT. The only place in the load test that reads the environment
-(``TESSERA_DATA``: the folder with the shared traces). Subcommands: ``demo`` (``make
+(``TESSERA_DATA``: the folder with the shared traces; ``TESSERA_DEMO_SHORT=1``: ``demo``
+in its short form, so that CI can run ``make demo`` quickly). Subcommands: ``demo`` (``make
 demo``), ``latency``, ``soak``, ``placement`` (the FGD method, ``loadtest.placement``)
 and ``selfcheck`` (the cluster-model check without servers).
 """
@@ -159,7 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     base = demo.demo_spec()
     _common(p, rate=base.stream.rate, duration=base.stream.duration_s, nodes=base.fleet.nodes)
-    p.add_argument("--short", action="store_true", help="a ~15 s run on 16 nodes (CI)")
+    p.add_argument(
+        "--short",
+        action="store_true",
+        default=os.environ.get("TESSERA_DEMO_SHORT", "") not in ("", "0", "false"),
+        help="a ~15 s run on 16 nodes (CI; also TESSERA_DEMO_SHORT=1, e.g. for make demo)",
+    )
 
     p = commands.add_parser(
         "latency",
