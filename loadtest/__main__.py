@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from cluster import jsonio
@@ -174,6 +175,15 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=fmt,
     )
     _common(p, rate=100.0, duration=30.0, nodes=256)
+    p.add_argument(
+        "--verb-rate",
+        type=float,
+        default=200.0,
+        help="then /mutate, /filter, /prioritize alone at this rate each (0: skip; default 200)",
+    )
+    p.add_argument(
+        "--verb-duration", type=float, default=10.0, help="seconds per verb (default 10)"
+    )
 
     p = commands.add_parser(
         "soak",
@@ -227,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = base if args.short else _spec(args, base)
     else:
         spec = _spec(args, demo.demo_spec())
+    if args.command == "latency" and args.verb_rate > 0:
+        spec = replace(spec, verb_rate=args.verb_rate, verb_duration_s=args.verb_duration)
     out = demo.execute(args.command, spec, args.out, clock=clock, say=print, live=demo.live_line())
     failed = not out.ok
     if args.command == "soak":

@@ -129,6 +129,8 @@ class SimResult:
     duration_s: float = 0.0
     arrivals_s: float = 0.0
     gpus_checked: bool = True
+    open_loop: dict[str, Any] = field(default_factory=dict)
+    """Verb → ``VerbRun.to_json()`` of the per-verb open-loop phase (latency mode)."""
     """Whether GPU indices were seen (only with a local extender)."""
 
     def queue_waits(self) -> dict[str, list[float]]:

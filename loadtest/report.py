@@ -197,6 +197,7 @@ def to_json(result: SimResult, meta: Mapping[str, Any], quota_nominal_gpus: int)
         },
         "gpu_utilisation": utilisation(result),
         "rss": rss_summary(result.rss),
+        "open_loop_per_verb": dict(result.open_loop),
         "checks": {**{k: getattr(c, k) for k in c.__slots__}, "ok": c.ok},
     }
 
@@ -286,7 +287,8 @@ def summary_lines(result: SimResult, data: Mapping[str, Any], placements: int = 
     util = data["gpu_utilisation"]
     lines += [
         "",
-        "latency (open loop: reviews timed from their intended send time):",
+        "latency in the cluster run (reviews timed from their intended send time; extender "
+        "verbs as one kube-scheduler loop sends them):",
         *latency_lines(latency_summaries(result.latencies), result.errors),
         f"  throughput: {data['throughput_per_s']['reviews']:.1f} reviews/s, "
         f"{data['throughput_per_s']['binds']:.1f} binds/s "
@@ -296,6 +298,20 @@ def summary_lines(result: SimResult, data: Mapping[str, Any], placements: int = 
         "in the second half of arrivals, "
         f"peak {util['peak_pct']:.1f} % ({util['peak_gpus']:.1f} of {result.gpus_total} GPUs)",
     ]
+    if result.open_loop:
+        lines += ["", "each verb alone, open loop (latency from the intended send time):"]
+        lines.append(
+            f"  {'verb':<12}{'rate/s':>8}{'achieved':>9}{'ok':>7}{'errors':>7}"
+            + "".join(f" {h:>8}" for h in ("p50 ms", "p90 ms", "p99 ms", "p99.9 ms"))
+        )
+        for verb, run in result.open_loop.items():
+            lat = run["latency_s"]
+            errs = sum(run["errors"].values())
+            lines.append(
+                f"  {verb:<12}{run['rate']:>8.0f}{run['achieved_rate']:>9.1f}{run['ok']:>7}"
+                f"{errs:>7} {_ms(lat['p50_s'])} {_ms(lat['p90_s'])} {_ms(lat['p99_s'])} "
+                f"{_ms(lat['p99.9_s'])}"
+            )
     for name, r in data["rss"].items():
         lines.append(
             f"RSS {name}: {r['first_mib']:.0f} MiB at start, peak {r['peak_mib']:.0f} MiB, "
@@ -423,6 +439,23 @@ def html_page(result: SimResult, data: Mapping[str, Any], title: str) -> str:
         f"{escape(d['message'])}</li>"
         for d in data["denials"]
     )
+    open_loop = ""
+    if result.open_loop:
+        verb_rows = "".join(
+            f"<tr><td>{escape(v)}</td><td>{r['rate']:.0f}</td><td>{r['achieved_rate']:.1f}</td>"
+            f"<td>{sum(r['errors'].values())}</td>"
+            + "".join(
+                f"<td>{r['latency_s'][k] * 1000:.2f}</td>"
+                for k in ("p50_s", "p90_s", "p99_s", "p99.9_s", "max_s")
+            )
+            + "</tr>"
+            for v, r in result.open_loop.items()
+        )
+        open_loop = (
+            "<h2>Each verb alone, open loop (ms from the intended send time)</h2><table><tr>"
+            "<th>verb</th><th>rate/s</th><th>achieved/s</th><th>errors</th><th>p50</th>"
+            f"<th>p90</th><th>p99</th><th>p99.9</th><th>max</th></tr>{verb_rows}</table>"
+        )
     c = data["checks"]
     util = data["gpu_utilisation"]
     jobs, pods = data["jobs"], data["pods"]
@@ -467,8 +500,9 @@ li {{ margin: 4px 0; }}
 </style></head><body>
 <h1>{escape(title)}</h1>
 <table class="facts">{fact_rows}</table>
-<h2>Latency (ms; open loop, nearest-rank percentiles)</h2>
+<h2>Latency in the cluster run (ms; nearest-rank percentiles)</h2>
 <table><tr><th>verb</th><th>count</th><th>p50</th><th>p90</th><th>p99</th><th>p99.9</th><th>max</th></tr>{rows}</table>
+{open_loop}
 <div class="grid">{cdf}{throughput}</div>
 <h2>GPUs and queues</h2>
 <div class="grid">{gpu}{queue_chart}{queues_over_time}{rss_chart}</div>

@@ -21,7 +21,7 @@ from typing import Any
 from cluster.clock import Clock
 from cluster.files import load_objects
 from loadtest import fleet as fleet_mod
-from loadtest import trace_input, traces
+from loadtest import trace_input, traces, verb_rate
 from loadtest.apiserver import NODES, MiniApiServer
 from loadtest.bench_webhook import ROOT
 from loadtest.cluster_sim import ClusterSim, SimResult
@@ -62,6 +62,9 @@ class RunSpec:
     """``openb-<variant>`` (e.g. ``openb-default``): nodes and pods from the Alibaba openb
     trace in ``data_dir`` instead of the HGX fleet and the synthetic stream."""
     data_dir: Path | None = None
+    verb_rate: float | None = None
+    """After the cluster run: /mutate, /filter and /prioritize alone at this rate each."""
+    verb_duration_s: float = 10.0
 
 
 def example_policy() -> list[dict[str, Any]]:
@@ -158,6 +161,23 @@ async def run(
                     progress=progress,
                 )
                 result = await sim.run()
+                if spec.verb_rate:
+                    runs = await verb_rate.run_verbs(
+                        targets.webhook.url,
+                        targets.extender.url,
+                        list(sim.rooms),
+                        clock,
+                        webhook_ssl=targets.webhook.tls,
+                        extender_ssl=targets.extender.tls,
+                        rate=spec.verb_rate,
+                        duration_s=spec.verb_duration_s,
+                    )
+                    result.open_loop = {r.verb: r.to_json() for r in runs}
+                    for target in (targets.webhook, targets.extender):
+                        target.note_rss(sim.now_s())
+                    result.rss = {
+                        t.name: list(t.rss_samples) for t in (targets.webhook, targets.extender)
+                    }
         return result, prepared
     finally:
         if spec.keep_dir is None:

@@ -40,6 +40,8 @@ class Target:
     name: str
     url: str
     session: aiohttp.ClientSession
+    tls: ssl.SSLContext | None = None
+    """How to reach it (the same settings the session uses); None: plain HTTP."""
     process: subprocess.Popen[bytes] | None = None
     log_path: Path | None = None
     rss_samples: list[tuple[float, int]] = field(default_factory=list)
@@ -141,10 +143,12 @@ async def local_servers(
     ext_args += ["--kubeconfig", str(kubeconfig), "--log-level", "WARNING", *extender_args]
     webhook_process = _start("webhook", webhook_args, webhook_log)
     extender_process = _start("extender", ext_args, extender_log)
+    webhook_ctx = client_context(certs / "ca.crt")
     webhook = Target(
         "webhook",
         f"https://127.0.0.1:{webhook_port}",
-        _session(client_context(certs / "ca.crt"), 64),
+        _session(webhook_ctx, 64),
+        webhook_ctx,
         webhook_process,
         webhook_log,
     )
@@ -152,6 +156,7 @@ async def local_servers(
         "extender",
         f"http://127.0.0.1:{extender_port}",
         _session(None, 8),
+        None,
         extender_process,
         extender_log,
     )
@@ -184,8 +189,8 @@ async def remote(
             extender_ctx = client_context(ca, client_cert, client_key)
         else:
             extender_ctx = ssl.create_default_context()
-    webhook = Target("webhook", webhook_url.rstrip("/"), _session(webhook_ctx, 64))
-    extender = Target("extender", extender_url.rstrip("/"), _session(extender_ctx, 8))
+    webhook = Target("webhook", webhook_url.rstrip("/"), _session(webhook_ctx, 64), webhook_ctx)
+    extender = Target("extender", extender_url.rstrip("/"), _session(extender_ctx, 8), extender_ctx)
     try:
         await asyncio.gather(_wait_ready(webhook, clock, 10.0), _wait_ready(extender, clock, 10.0))
         yield Targets(webhook, extender, local=False)

@@ -4,6 +4,7 @@ server), real sockets throughout, and reports whose numbers add up."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from cluster import jsonio
@@ -13,9 +14,9 @@ from loadtest import demo
 
 def test_the_short_demo_admits_places_and_reports(tmp_path: Path) -> None:
     said: list[str] = []
-    outcome = demo.execute(
-        "demo", demo.demo_spec(short=True), tmp_path, clock=SystemClock(), say=said.append
-    )
+    # The short demo, then each verb alone for a second (the latency mode's second part).
+    spec = replace(demo.demo_spec(short=True), verb_rate=40.0, verb_duration_s=1.0)
+    outcome = demo.execute("demo", spec, tmp_path, clock=SystemClock(), say=said.append)
 
     data = jsonio.loads(outcome.json_path.read_bytes())
     assert data == jsonio.loads(jsonio.dumps(outcome.data))
@@ -45,6 +46,10 @@ def test_the_short_demo_admits_places_and_reports(tmp_path: Path) -> None:
     assert jobs["finished"] > 0
     assert data["gpu_utilisation"]["peak_gpus"] <= data["fleet"]["gpus"]
     assert pods["gpus_bound_total"] > data["fleet"]["gpus"]
+    # Each verb alone, open loop: every request answered, none refused.
+    per_verb = data["open_loop_per_verb"]
+    assert set(per_verb) == {"mutate", "filter", "prioritize"}
+    assert all(r["sent"] == r["ok"] == 40 and not r["errors"] for r in per_verb.values())
     # Both servers were measured.
     assert set(data["rss"]) == {"webhook", "extender"}
     assert any(line.startswith("checks: all passed") for line in said)
