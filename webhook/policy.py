@@ -83,9 +83,10 @@ from webhook.queues import (
     Limit,
     LocalQueue,
     Policy,
+    Steering,
     format_seconds,
     parse_toleration,
-    toleration_for,
+    steering,
 )
 from webhook.workload import (
     Deadline,
@@ -324,15 +325,8 @@ def rule_flavors(
 ) -> FlavorChoice | Denied:
     """Keep the queue's GPU flavors that the job accepts; steer its GPU pods onto them."""
     resources = _gpu_resources(workload)
-    cluster = queue.cluster.name
-    # A flavor the queue could never get any of a demanded resource from is no option:
-    # Kueue would never admit the job there, so the pods must not be steered there.
-    names = [
-        name
-        for name in queue.cluster.gpu_flavors
-        if all(policy.limit(cluster, name, r).total > 0 for r in resources)
-    ]
-    offered = tuple(f for f in (policy.flavor(n) for n in names) if f is not None)
+    offer = policy.offer(queue.cluster, resources)
+    offered = offer.flavors
     if not offered:
         return Denied(
             FORBIDDEN,
@@ -341,7 +335,7 @@ def rule_flavors(
             "use a queue that offers these GPUs",
             queue=queue.local.name,
         )
-    allowed = offered
+    chosen = offer
     raw = workload.annotations.get(labels.GPU_PRODUCT)
     if raw is not None:
         accepted = [p.strip() for p in raw.split("|") if p.strip()]
@@ -366,32 +360,21 @@ def rule_flavors(
                 "offers those GPUs",
                 queue=queue.local.name,
             )
+        if len(allowed) < len(offered):
+            chosen = steering(allowed)
     notes: list[str] = []
-    terms = _flavor_terms(allowed)
     for template in workload.templates:
         if not template.uses_gpu:
             continue  # a CPU-only member (a JobSet driver) gets CPU flavors from Kueue
-        if terms is not None:
-            merge_required_affinity(out, template.spec_path, terms)
-        added = add_tolerations(out, template.spec_path, allowed)
+        if chosen.terms is not None:
+            merge_required_affinity(out, template.spec_path, chosen.terms)
+        added = add_tolerations(out, template.spec_path, chosen)
         if added:
             notes.append(
                 f"tolerations added for the taints of flavors {_names(added)}: "
                 "pods may run on those nodes"
             )
-    return FlavorChoice(flavors=allowed, warnings=tuple(dict.fromkeys(notes)))
-
-
-def _flavor_terms(flavors: Sequence[Flavor]) -> list[dict[str, Any]] | None:
-    """One node-selector term per distinct flavor; ``None`` if a flavor fits any node."""
-    terms: list[dict[str, Any]] = []
-    for flavor in flavors:
-        term = flavor.selector_term
-        if term is None:
-            return None
-        if term not in terms:
-            terms.append(term)
-    return terms
+    return FlavorChoice(flavors=chosen.flavors, warnings=tuple(dict.fromkeys(notes)))
 
 
 def _implies(term: Mapping[str, Any], flavor_term: Mapping[str, Any]) -> bool:
@@ -434,8 +417,10 @@ def merge_required_affinity(
     out.node((*spec_path, *_REQUIRED))["nodeSelectorTerms"] = merged
 
 
-def add_tolerations(out: Draft, spec_path: Path, flavors: Iterable[Flavor]) -> list[str]:
+def add_tolerations(out: Draft, spec_path: Path, chosen: Steering) -> list[str]:
     """Tolerate the flavors' node taints; returns the flavors that needed a new one."""
+    if not chosen.taints:
+        return []
     current = out.get((*spec_path, "tolerations"))
     current = current if isinstance(current, list) else []
     existing = []
@@ -446,15 +431,13 @@ def add_tolerations(out: Draft, spec_path: Path, flavors: Iterable[Flavor]) -> l
             continue  # kube-apiserver validates tolerations; an odd one tolerates nothing
     added: list[str] = []
     new: list[dict[str, Any]] = []
-    for flavor in flavors:
-        for taint in flavor.node_taints:
-            if any(t.tolerates(taint) for t in existing):
-                continue
-            toleration = toleration_for(taint)
-            existing.append(toleration)
-            new.append(toleration.to_json())
-            if flavor.name not in added:
-                added.append(flavor.name)
+    for flavor, taint, toleration in chosen.taints:
+        if any(t.tolerates(taint) for t in existing):
+            continue
+        existing.append(toleration)
+        new.append(toleration.to_json())
+        if flavor not in added:
+            added.append(flavor)
     if new:
         out.node(spec_path)["tolerations"] = [*current, *new]
     return added

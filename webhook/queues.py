@@ -222,6 +222,41 @@ class Flavor:
 
 
 @dataclass(frozen=True, slots=True)
+class Steering:
+    """Where a set of flavors sends pods: their node-selector terms and the tolerations of
+    their taints, worked out once per policy rather than for every review."""
+
+    flavors: tuple[Flavor, ...]
+    terms: tuple[Mapping[str, Any], ...] | None
+    """One node-selector term per distinct flavor, in order; ``None`` when a flavor fits any
+    node. Shared by every review: read them, and copy before writing them into an object."""
+    taints: tuple[tuple[str, Taint, Toleration], ...]
+    """(flavor name, taint, the narrowest toleration of it) for each flavor's taints."""
+
+
+def steering(flavors: Iterable[Flavor]) -> Steering:
+    chosen = tuple(flavors)
+    terms: list[dict[str, Any]] = []
+    anywhere = False
+    for flavor in chosen:
+        term = flavor.selector_term
+        if term is None:
+            anywhere = True
+            break
+        if term not in terms:
+            terms.append(term)
+    return Steering(
+        flavors=chosen,
+        terms=None if anywhere else tuple(terms),
+        taints=tuple(
+            (flavor.name, taint, toleration_for(taint))
+            for flavor in chosen
+            for taint in flavor.node_taints
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Quota:
     """One flavor/resource row of a ClusterQueue, in milli-units of the quantity."""
 
@@ -253,6 +288,9 @@ class Limit:
     @property
     def total(self) -> int:
         return self.nominal + self.borrowable
+
+
+_NO_LIMIT: Final = Limit()
 
 
 @dataclass(frozen=True, slots=True)
@@ -397,6 +435,8 @@ class Policy:
     priority_classes: Mapping[str, PriorityClass] = field(default_factory=lambda: _EMPTY)
     limits: Mapping[tuple[str, str, str], Limit] = field(default_factory=lambda: _EMPTY)
     """(ClusterQueue, flavor, resource) → the most the queue could ever get."""
+    offers: Mapping[tuple[str, tuple[str, ...]], Steering] = field(default_factory=lambda: _EMPTY)
+    """(ClusterQueue, GPU resources asked) → ``offer``, worked out for every queue once."""
     problems: tuple[str, ...] = ()
 
     def local_queue(self, namespace: str, name: str) -> LocalQueue | None:
@@ -426,7 +466,15 @@ class Policy:
 
     def limit(self, cluster_queue: str, flavor: str, resource: str) -> Limit:
         """The most ``cluster_queue`` could ever get of ``flavor``/``resource`` (0 if none)."""
-        return self.limits.get((cluster_queue, flavor, resource), Limit())
+        return self.limits.get((cluster_queue, flavor, resource), _NO_LIMIT)
+
+    def offer(self, cluster_queue: ClusterQueue, resources: tuple[str, ...]) -> Steering:
+        """The queue's GPU flavors, in its order, from which it could get some of every
+        resource in ``resources`` (``GPU_RESOURCES`` order), with their steering."""
+        found = self.offers.get((cluster_queue.name, resources))
+        if found is not None:
+            return found
+        return _offer(cluster_queue, resources, self.flavors, self.limits, {})
 
 
 # ---------------------------------------------------------------- building
@@ -570,6 +618,7 @@ def assemble_policy(parsed: Iterable[ParsedObject]) -> Policy:
 
     local_queues = _resolve_local_queues(raw_lqs, raw_cqs, priorities, problems)
     _check_references(raw_cqs, flavors, topologies, priorities, problems)
+    limits = _limits(raw_cqs)
     return Policy(
         flavors=MappingProxyType(flavors),
         cluster_queues=MappingProxyType(raw_cqs),
@@ -578,7 +627,8 @@ def assemble_policy(parsed: Iterable[ParsedObject]) -> Policy:
         default_queues=MappingProxyType(_default_queues(local_queues, problems)),
         topologies=MappingProxyType(topologies),
         priority_classes=MappingProxyType(priorities),
-        limits=MappingProxyType(_limits(raw_cqs)),
+        limits=MappingProxyType(limits),
+        offers=MappingProxyType(_offers(raw_cqs, flavors, limits)),
         problems=tuple(problems),
     )
 
@@ -942,3 +992,42 @@ def _limits(cluster_queues: Mapping[str, ClusterQueue]) -> dict[tuple[str, str, 
                 cohort_lendable=lendable,
             )
     return limits
+
+
+_RESOURCE_SETS: Final = ((), *((r,) for r in GPU_RESOURCES), GPU_RESOURCES)
+"""What a GPU workload can ask for: whole GPUs, shares, or both (and, for completeness,
+neither)."""
+
+
+def _offer(
+    cq: ClusterQueue,
+    resources: tuple[str, ...],
+    flavors: Mapping[str, Flavor],
+    limits: Mapping[tuple[str, str, str], Limit],
+    made: dict[tuple[str, ...], Steering],
+) -> Steering:
+    # A flavor the queue could never get any of a demanded resource from is no option:
+    # Kueue would never admit the job there, so the pods must not be steered there.
+    names = tuple(
+        name
+        for name in cq.gpu_flavors
+        if name in flavors
+        and all(limits.get((cq.name, name, r), _NO_LIMIT).total > 0 for r in resources)
+    )
+    found = made.get(names)
+    if found is None:
+        found = made[names] = steering(flavors[name] for name in names)
+    return found
+
+
+def _offers(
+    cluster_queues: Mapping[str, ClusterQueue],
+    flavors: Mapping[str, Flavor],
+    limits: Mapping[tuple[str, str, str], Limit],
+) -> dict[tuple[str, tuple[str, ...]], Steering]:
+    made: dict[tuple[str, ...], Steering] = {}  # queues with the same flavors share one
+    return {
+        (cq.name, resources): _offer(cq, resources, flavors, limits, made)
+        for cq in cluster_queues.values()
+        for resources in _RESOURCE_SETS
+    }

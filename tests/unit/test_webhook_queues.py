@@ -4,6 +4,7 @@ are skipped and reported rather than crashing the webhook."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -230,6 +231,62 @@ def test_quantities_in_any_kubernetes_form() -> None:
 
 
 # ---------------------------------------------------------------- queues and their settings
+
+
+@pytest.mark.parametrize(
+    ("resources", "offered"),
+    [
+        ((GPU,), ("spot", "plain", "any")),
+        ((MILLI,), ("spot", "any")),
+        ((GPU, MILLI), ("spot", "any")),
+    ],
+)
+def test_a_queue_offers_the_gpu_flavors_it_could_get_every_asked_resource_from(
+    resources: tuple[str, ...], offered: tuple[str, ...]
+) -> None:
+    spot = {"key": "spot", "value": "true", "effect": "NoSchedule"}
+    policy = policy_from_objects(
+        [
+            flavor_obj("spot", {"pool": "spot"}, taints=[spot]),
+            flavor_obj("plain", {"pool": "plain"}),
+            flavor_obj("any"),
+            flavor_obj("ghost-free", {"pool": "x"}),
+            cq_obj(
+                "mine",
+                {
+                    "spot": {GPU: (8,), MILLI: (1000,)},
+                    "plain": {GPU: (8,), MILLI: (0,)},
+                    "any": {GPU: (1,), MILLI: (500,)},
+                    "missing": {GPU: (8,)},
+                },
+            ),
+        ]
+    )
+    queue = policy.cluster_queue("mine")
+    assert queue is not None
+    offer = policy.offer(queue, resources)
+    assert tuple(f.name for f in offer.flavors) == offered
+    assert offer.terms is None  # "any" has no node labels: its pods may run anywhere
+    assert [(name, taint.key) for name, taint, _ in offer.taints] == [("spot", "spot")]
+    # Worked out once per policy, and the same as working it out on demand.
+    assert replace(policy, offers={}).offer(queue, resources) == offer
+
+
+def test_the_node_selector_terms_of_labelled_flavors_once_each() -> None:
+    policy = policy_from_objects(
+        [
+            flavor_obj("a", {"pool": "x", "gpu": "h100"}),
+            flavor_obj("b", {"gpu": "h100", "pool": "x"}),
+            flavor_obj("c", {"pool": "y"}),
+            cq_obj("mine", {"a": {GPU: (1,)}, "b": {GPU: (1,)}, "c": {GPU: (1,)}}),
+        ]
+    )
+    queue = policy.cluster_queue("mine")
+    assert queue is not None
+    x = [{"key": "gpu", "operator": "In", "values": ["h100"]},
+         {"key": "pool", "operator": "In", "values": ["x"]}]  # fmt: skip
+    y = [{"key": "pool", "operator": "In", "values": ["y"]}]
+    assert policy.offer(queue, (GPU,)).terms == ({"matchExpressions": x}, {"matchExpressions": y})
 
 
 def test_gpu_flavors_are_those_of_groups_covering_a_gpu_resource_in_queue_order() -> None:
