@@ -33,10 +33,10 @@ test: check ## the full suite: checks, then every test layer
 certs: $(STAMP) ## make the CA and certificates in certs-out/, caBundle into manifests/
 	$(BIN)/python -m certs --out certs-out --dns localhost --ip 127.0.0.1 --patch-manifests
 
-demo: $(STAMP) ## a short self-contained run of the cluster model on real trace data
+demo: $(STAMP) ## both servers + simulated Kueue and kube-scheduler on a sample cluster; reports in reports/
 	$(BIN)/python -m loadtest demo
 
-loadtest: $(STAMP) ## benchmarks (see loadtest/README section in README.md)
+loadtest: $(STAMP) ## the load-test tool's modes and examples (see README, "Load testing")
 	$(BIN)/python -m loadtest --help
 
 e2e-assets: ## build or fetch the e2e control plane (Kubernetes v1.36.3, etcd, Kueue CRDs) into ~/.cache/tessera
