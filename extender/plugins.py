@@ -208,18 +208,49 @@ def _rooms(
     two per node hold no member of four GPUs."""
     free: dict[str, int] = {}
     total: dict[str, int] = {}
-    islands_required = ctx.config.islands_required
+    fkey, pkey = filter_key(ctx), _fits_key(ctx)
     for node in snapshot.nodes.values():
         value = node.domains.get(label)
-        if value is None or _first_unfit(ctx, node, NODE_FILTERS) is not None:
+        if value is None:
             continue
-        fits = pod_fits(node, ctx.demand, islands_required)
+        # NODE_FILTERS (cordon, product, maintenance), the first two from the node's memo
+        static: _Static | None = node.memo.get(fkey)
+        if static is None:
+            static = _static_verdicts(ctx, node, fkey)
+        if static[1] is not FIT or static[2] is not FIT:
+            continue
+        if node.drain_after is not None and filter_maintenance(ctx, node) is not FIT:
+            continue
+        fits, empty = _fits(ctx, node, pkey)
         node_fits[node.name] = fits
         free[value] = free.get(value, 0) + fits
-        total[value] = total.get(value, 0) + pod_fits(
-            node, ctx.demand, islands_required, empty=True
-        )
+        total[value] = total.get(value, 0) + empty
     return {value: DomainRoom(free[value], total[value]) for value in free}
+
+
+def _fits_key(ctx: PodContext) -> str:
+    d = ctx.demand
+    return f"p|{d.gpus}|{d.gpu_milli}|{ctx.config.islands_required}"
+
+
+def _fits(ctx: PodContext, node: NodeState, key: str) -> tuple[int, int]:
+    """``pod_fits`` now and empty, kept in the node's memo under ``key = _fits_key(ctx)``."""
+    found: tuple[int, int] | None = node.memo.get(key)
+    if found is None:
+        demand, islands_required = ctx.demand, ctx.config.islands_required
+        found = (
+            pod_fits(node, demand, islands_required),
+            pod_fits(node, demand, islands_required, empty=True),
+        )
+        _remember(node, key, found)
+    return found
+
+
+def _remember(node: NodeState, key: str, value: object) -> None:
+    memo = node.memo
+    if len(memo) >= _MEMO_LIMIT:
+        memo.clear()
+    memo[key] = value
 
 
 # ---------------------------------------------------------------- GPU arithmetic
@@ -489,7 +520,7 @@ def domain_room(ctx: PodContext, gang: GangView, value: str, node: NodeState) ->
     before = gang.node_fits.get(node.name)
     if before is None:
         return room.free, room.total
-    now = pod_fits(node, ctx.demand, ctx.config.islands_required)
+    now, _ = _fits(ctx, node, _fits_key(ctx))
     return room.free - before + now, room.total
 
 
@@ -551,10 +582,7 @@ def _static_verdicts(ctx: PodContext, node: NodeState, key: str) -> _Static:
     cordon, product = filter_schedulable(ctx, node), filter_product(ctx, node)
     gpus = filter_gpus(ctx, node)
     found = (_combine((cordon, product, gpus)), cordon, product, gpus)
-    memo = node.memo
-    if len(memo) >= _MEMO_LIMIT:
-        memo.clear()
-    memo[key] = found
+    _remember(node, key, found)
     return found
 
 
@@ -718,7 +746,7 @@ def score_gang_locality(ctx: PodContext, node: NodeState) -> float:
             return 0.0
         free, _ = domain_room(ctx, gang, value, node)
         return MAX_SCORE * min(1.0, free / need)
-    fits = pod_fits(node, ctx.demand, ctx.config.islands_required)
+    fits, _ = _fits(ctx, node, _fits_key(ctx))
     return MAX_SCORE * min(1.0, fits / need)
 
 
@@ -781,9 +809,7 @@ def _static_score(ctx: PodContext, node: NodeState, key: str) -> float | None:
             total += weights.packing * _packing(ctx, node, choice)
         if weights.island_fit:
             total += weights.island_fit * _island_fit(ctx, node, choice)
-    if len(memo) >= _MEMO_LIMIT:
-        memo.clear()
-    memo[key] = total
+    _remember(node, key, total)
     return total
 
 
