@@ -9,13 +9,15 @@ stream: an object that cannot be converted is logged and skipped.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from cluster import logs
+from cluster import jsonio, logs
 from cluster.cache import ClusterCache
 from cluster.convert import ConversionError, node_from_json, pod_from_json
 from cluster.files import load_objects
@@ -41,6 +43,27 @@ def _converted(
             yield convert(obj)
         except ConversionError as exc:
             log.warning("object skipped", extra=logs.fields(reason=str(exc)))
+
+
+def _give_back_free_memory() -> None:
+    """Return the C heap's free pages to the system (glibc's ``malloc_trim``; nothing
+    where there is none). The blobs of ``load_file`` lived on the C heap, and glibc
+    keeps freed pages below its top otherwise: about 600 MB of them at 150,000 pods."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return
+    trim(0)
+
+
+def _parsed(blobs: list[bytes]) -> Iterator[dict[str, Any]]:
+    """Each JSON blob parsed, releasing the blob once it has been."""
+    for i, blob in enumerate(blobs):
+        blobs[i] = b""
+        yield jsonio.loads(blob)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +109,30 @@ class CacheFeed:
         return len(nodes), len(pods)
 
     def load_file(self, path: Path) -> tuple[int, int]:
-        return self.load(load_objects(path))
+        """``load`` from a file, one object at a time.
+
+        The file is parsed whole (as ``load_objects`` must, for YAML and Lists), then each
+        object is set aside as compact JSON and the parsed tree dropped before anything
+        is converted; each object is parsed again on its own just before it is converted.
+        Converting straight from the tree would leave each record among the tree's dead
+        dicts, and the allocator can give a block back only when all of it is free: at
+        150,000 pods that kept about 600 MB resident for 100 MB of records.
+        """
+        nodes: list[bytes] = []
+        pods: list[bytes] = []
+        objects = load_objects(path)
+        while objects:
+            obj = objects.pop()
+            kind = obj.get("kind")
+            if kind in ("Node", "Pod"):
+                (nodes if kind == "Node" else pods).append(jsonio.dumps(obj))
+        del objects
+        nodes.reverse()
+        pods.reverse()
+        self.replace_nodes(_parsed(nodes))
+        self.replace_pods(_parsed(pods))
+        _give_back_free_memory()
+        return len(nodes), len(pods)
 
     def informers(self, client: ListWatchClient, **options: Any) -> tuple[Informer, Informer]:
         """A node and a pod informer writing into the cache; run both, wait for both synced."""
