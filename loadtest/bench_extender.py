@@ -1,0 +1,672 @@
+"""Benchmark of the scheduler extender at fleet scale (a measurement, not a test).
+
+Layer: ROOT (a script: reads argv, writes temporary files, starts servers, prints a
+report). Must not be imported by the servers or run by pytest.
+
+``python -m loadtest.bench_extender [--nodes 5000 --pods 150000 --duration 8]``:
+
+1. writes a cluster file: HGX nodes (8 GPUs, islands ``0-3,4-7``) with zone / block /
+   rack / hostname labels (four levels), and pods mostly bound (``loadtest.bench_cache``'s
+   shapes: shares, single GPUs, a few 4- and 8-GPU gangs), the rest pending;
+2. in-process micro-timings of each stage of a request (decode, filter core, score
+   core, encode, whole verb, bind plan): CPU-bound loops that a noisy machine slows but
+   does not confuse with queueing;
+3. starts ``python -m extender --cluster-file`` and the naive
+   ``loadtest.baseline_extender``, each pinned to one core (one after the other, never
+   side by side), and drives them open-loop (coordinated-omission-safe) over HTTP/1.1:
+   ``/filter`` and ``/prioritize`` with a 1-GPU pod and 500 or all node names
+   (``nodeCacheCapable: true``), then the sustained filter → prioritize → bind cycle of
+   pending pods at ``--cycle-rate`` pods/s, with per-verb service times;
+4. a sweep of in-process filter / prioritize over 1k, 2.5k, 5k, 10k nodes: time per node.
+
+Latencies are from the intended send time (open loop); p50/p90/p99/p99.9 per verb, the
+ratio to the baseline measured in the same run, and the server's RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Final
+
+from cluster import jsonio
+from cluster import labels as keys
+from cluster.cache import ClusterCache
+from cluster.clock import Clock, SystemClock
+from cluster.feed import CacheFeed
+from extender import decide, verbs, wire
+from extender.config import ExtenderConfig
+from extender.settings import ExtenderSettings
+from loadtest.bench_cache import (
+    BLOCK_LABEL,
+    BOUND_SHARE,
+    FULL,
+    GANG_SIZE,
+    GPUS_PER_NODE,
+    RACK_LABEL,
+    _node,
+    _place,
+    _pod,
+    _shapes,
+)
+from loadtest.openloop import Http1Connection, RequestFailed, RunResult, Schedule, run_open_loop
+from loadtest.stats import Histogram, Summary
+
+ROOT: Final = Path(__file__).resolve().parents[1]
+ZONE_LABEL: Final = "topology.tessera.dev/zone"
+BLOCKS_PER_ZONE: Final = 4
+LEVELS: Final = f"zone={ZONE_LABEL},block={BLOCK_LABEL},rack={RACK_LABEL},hostname={keys.HOSTNAME}"
+PIN_AND_RUN: Final = (
+    "import os, runpy, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); "
+    "module = sys.argv[2]; sys.argv = [module, *sys.argv[3:]]; "
+    "runpy.run_module(module, run_name='__main__', alter_sys=True)"
+)
+TARGETS_MS: Final = {"filter 500": 2.0, "filter 5000": 8.0, "prioritize 500": 2.0}
+
+
+# ---------------------------------------------------------------------------- the cluster
+
+
+@dataclass
+class Cluster:
+    path: Path
+    names: list[str]
+    pending: list[dict[str, Any]]
+    """Pending GPU pods as JSON, in arrival order (what the cycle schedules)."""
+    bound: int
+
+
+def write_cluster(path: Path, nodes: int, pods: int, seed: int) -> Cluster:
+    """The fleet of ``bench_cache`` with a fourth level (zone) above block."""
+    rng = random.Random(seed)
+    node_dicts = []
+    for i in range(nodes):
+        node = _node(i, rng)
+        block = int(node["metadata"]["labels"][BLOCK_LABEL][1:])
+        node["metadata"]["labels"][ZONE_LABEL] = f"z{block // BLOCKS_PER_ZONE:02d}"
+        node_dicts.append(node)
+    names = [n["metadata"]["name"] for n in node_dicts]
+    pending: list[dict[str, Any]] = []
+    bound = number = 0
+    with path.open("wb") as out:
+        out.write(b'{"apiVersion":"v1","kind":"List","items":[')
+        for i, node in enumerate(node_dicts):
+            out.write((b"," if i else b"") + jsonio.dumps(node))
+        shapes = _shapes(rng)
+        target = int(pods * BOUND_SHARE)
+        for node in node_dicts:
+            free = [FULL] * GPUS_PER_NODE
+            misses = 0
+            while misses < 3 and bound < target:
+                shape = next(shapes)
+                indices = _place(free, shape)
+                if indices is None:
+                    misses += 1
+                    continue
+                for index in indices:
+                    free[index] -= shape.milli or FULL
+                member = number // GANG_SIZE if shape.gpus >= 4 else -1
+                out.write(
+                    b","
+                    + jsonio.dumps(_pod(number, shape, node["metadata"]["name"], indices, member))
+                )
+                number += 1
+                bound += 1
+        while number < pods:
+            shape = next(shapes)
+            member = number // GANG_SIZE if shape.gpus >= 4 else -1
+            item = _pod(number, shape, None, (), member)
+            pending.append(item)
+            out.write(b"," + jsonio.dumps(item))
+            number += 1
+        out.write(b"]}")
+    return Cluster(path, names, pending, bound)
+
+
+def probe_pod(gpus: int = 1, milli: int = 0) -> dict[str, Any]:
+    """The pod of the per-verb runs: one GPU (or a share), not in the cache, no gang."""
+    resource = keys.GPU_RESOURCE if gpus else keys.GPU_MILLI_RESOURCE
+    amount = str(gpus or milli)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "probe-0",
+            "namespace": "team-00",
+            "uid": "20000000-0000-4000-8000-000000000000",
+            "labels": {keys.QUEUE_NAME: "research"},
+        },
+        "spec": {
+            "schedulerName": keys.DEFAULT_SCHEDULER_NAME,
+            "activeDeadlineSeconds": 3600,
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "registry.example.com/ml/trainer:2026.01",
+                    "resources": {
+                        "requests": {"cpu": "8", "memory": "64Gi", resource: amount},
+                        "limits": {resource: amount},
+                    },
+                }
+            ],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+def args_body(pod: dict[str, Any], names: Sequence[str]) -> bytes:
+    return jsonio.dumps({"Pod": pod, "NodeNames": list(names), "Nodes": None})
+
+
+# ---------------------------------------------------------------------------- in process
+
+
+def config_of() -> ExtenderConfig:
+    return ExtenderSettings(topology_levels=LEVELS).to_config()  # type: ignore[arg-type]
+
+
+def load_cache(path: Path, clock: Clock, config: ExtenderConfig) -> ClusterCache:
+    cache = ClusterCache(clock)
+    CacheFeed(cache, levels=config.level_labels).load_file(path)
+    return cache
+
+
+def timed(clock: Clock, work: Callable[[], object], budget_s: float, at_least: int = 20) -> Summary:
+    """Run ``work`` until ``budget_s`` is spent (and ``at_least`` times); its timings."""
+    times: list[float] = []
+    start = clock.monotonic()
+    while len(times) < at_least or clock.monotonic() - start < budget_s:
+        began = clock.monotonic()
+        work()
+        times.append(clock.monotonic() - began)
+        if len(times) >= 5000:
+            break
+    return Histogram.of(times).summary()
+
+
+def micro(
+    cache: ClusterCache, cluster: Cluster, config: ExtenderConfig, clock: Clock, budget_s: float
+) -> list[tuple[str, Summary]]:
+    """Each stage of /filter and /prioritize on their own, then /bind's plan."""
+    snapshot = cache.snapshot()
+    now = clock.now()
+    rng = random.Random(7)
+    rows: list[tuple[str, Summary]] = []
+
+    def stage(label: str, work: Callable[[], object]) -> None:
+        rows.append((label, timed(clock, work, budget_s)))
+
+    for shape, pod_json in (("1 GPU", probe_pod(1)), ("share 200m", probe_pod(0, 200))):
+        for count in (500, len(cluster.names)):
+            names = (
+                cluster.names if count >= len(cluster.names) else rng.sample(cluster.names, count)
+            )
+            body = args_body(pod_json, names)
+            args = wire.decode_extender_args(body)
+            pod, candidates = args.pod, args.node_names or ()
+            outcome = decide.filter_nodes(snapshot, pod, candidates, config, now)
+            scores = decide.prioritize(snapshot, pod, outcome.fits, config, now)
+            fits_body = args_body(pod_json, outcome.fits)
+            tag = f"{shape}, {count} names"
+            stage(f"decode ExtenderArgs ({tag})", partial(wire.decode_extender_args, body))
+            stage(
+                f"filter core ({tag})",
+                partial(decide.filter_nodes, snapshot, pod, candidates, config, now),
+            )
+            stage(f"encode filter result ({tag})", partial(wire.encode_filter, args, outcome))
+            stage(
+                f"/filter whole verb ({tag})",
+                partial(verbs.handle_filter, body, snapshot, config, now),
+            )
+            stage(
+                f"score core, {len(outcome.fits)} fitting ({tag})",
+                partial(decide.prioritize, snapshot, pod, outcome.fits, config, now),
+            )
+            stage(f"encode priorities ({tag})", partial(wire.encode_priorities, scores))
+            stage(
+                f"/prioritize whole verb, all names ({tag})",
+                partial(verbs.handle_prioritize, body, snapshot, config, now),
+            )
+            stage(
+                f"/prioritize whole verb, fitting only ({tag})",
+                partial(verbs.handle_prioritize, fits_body, snapshot, config, now),
+            )
+    # bind plans of pending pods (shares, whole GPUs, gang members) on a node they fit
+    plans: list[bytes] = []
+    for pod_json in cluster.pending[:200]:
+        meta = pod_json["metadata"]
+        args = wire.decode_extender_args(args_body(pod_json, cluster.names[:500]))
+        outcome = decide.filter_nodes(snapshot, args.pod, args.node_names or (), config, now)
+        if outcome.fits:
+            binding = {
+                "PodName": meta["name"],
+                "PodNamespace": meta["namespace"],
+                "PodUID": meta["uid"],
+                "Node": outcome.fits[0],
+            }
+            plans.append(jsonio.dumps(binding))
+    turn = iter(range(10**9))
+
+    def plan_one() -> object:
+        return verbs.plan_bind(plans[next(turn) % len(plans)], snapshot, config, now)
+
+    stage(f"bind plan (verbs.plan_bind, {len(plans)} pending pods)", plan_one)
+    return rows
+
+
+def sweep(
+    sizes: Sequence[int], pods_per_node: int, seed: int, clock: Clock, budget_s: float
+) -> list[str]:
+    """Whole-verb p50 with all names at each fleet size (``pods_per_node`` pods each)."""
+    lines = [
+        f"{'nodes':>6} {'pods':>7} {'filter p50':>11} {'us/node':>8} "
+        f"{'prio p50':>9} {'us/node':>8} {'RSS':>7}"
+    ]
+    config = config_of()
+    for size in sizes:
+        with tempfile.TemporaryDirectory() as folder:
+            cluster = write_cluster(Path(folder) / "c.json", size, size * pods_per_node, seed)
+            cache = load_cache(cluster.path, clock, config)
+        gc.collect()
+        view, now = cache.snapshot(), clock.now()
+        body = args_body(probe_pod(1), cluster.names)
+        f = timed(clock, partial(verbs.handle_filter, body, view, config, now), budget_s, 10)
+        p = timed(clock, partial(verbs.handle_prioritize, body, view, config, now), budget_s, 10)
+        lines.append(
+            f"{size:>6} {size * pods_per_node:>7} {f.p50 * 1e3:>9.2f}ms {f.p50 / size * 1e6:>8.2f} "
+            f"{p.p50 * 1e3:>7.2f}ms {p.p50 / size * 1e6:>8.2f} {rss_mib(os.getpid()):>5.0f}MB"
+        )
+    return lines
+
+
+# ---------------------------------------------------------------------------- servers
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class Server:
+    name: str
+    module: str
+    args: list[str]
+    core: int
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, stack: ExitStack) -> None:
+        log = stack.enter_context(self.log_path.open("wb"))
+        self.process = subprocess.Popen(  # noqa: S603 - our interpreter, our arguments
+            [
+                sys.executable,
+                "-c",
+                PIN_AND_RUN,
+                str(self.core),
+                self.module,
+                *self.args,
+                "--port",
+                str(self.port),
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        stack.callback(self.stop)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    async def ready(self, clock: Clock, deadline_s: float) -> float:
+        start = clock.monotonic()
+        conn = Http1Connection("127.0.0.1", self.port)
+        while clock.monotonic() - start < deadline_s:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited: {self.log_path.read_text()[-2000:]}")
+            try:
+                answer = await conn.request("GET", "/readyz")
+                if answer.status == 200:
+                    conn.close()
+                    return clock.monotonic() - start
+            except OSError:
+                pass
+            conn.close()
+            await asyncio.sleep(0.2)
+        raise RuntimeError(f"{self.name} not ready after {deadline_s} s")
+
+
+async def _post(conn: Http1Connection, path: str, body: bytes) -> Any:
+    answer = await conn.request("POST", path, body)
+    if answer.status != 200:
+        raise RequestFailed(f"http {answer.status}", answer.body[:200].decode(errors="replace"))
+    return jsonio.loads(answer.body)
+
+
+async def verb_run(
+    port: int,
+    path: str,
+    bodies: Sequence[bytes],
+    *,
+    rate: float,
+    duration_s: float,
+    clock: Clock,
+    connections: int = 4,
+) -> RunResult:
+    conns = [Http1Connection("127.0.0.1", port) for _ in range(connections)]
+
+    def sender(conn: Http1Connection) -> Callable[[int], Any]:
+        async def send(i: int) -> None:
+            await _post(conn, path, bodies[i % len(bodies)])
+
+        return send
+
+    for c in conns:  # warm: connections open, first requests out of the way
+        for body in bodies[:3]:
+            await _post(c, path, body)
+    result = await run_open_loop(
+        Schedule.for_duration(rate, duration_s), [sender(c) for c in conns], clock
+    )
+    for c in conns:
+        c.close()
+    return result
+
+
+@dataclass
+class Cycle:
+    result: RunResult
+    per_verb: dict[str, Histogram]
+    no_fit: int
+    bind_errors: int
+
+
+async def cycle_run(
+    port: int,
+    cluster: Cluster,
+    *,
+    rate: float,
+    duration_s: float,
+    clock: Clock,
+    offset: int,
+    connections: int = 8,
+) -> Cycle:
+    """kube-scheduler's loop per pending pod: filter 500 names, prioritize the fitting,
+    bind the best; open loop at ``rate`` pods/s."""
+    rng = random.Random(11)
+    count = int(rate * duration_s)
+    pods = cluster.pending[offset : offset + count]
+    bodies = [args_body(p, rng.sample(cluster.names, min(500, len(cluster.names)))) for p in pods]
+    per_verb = {v: Histogram() for v in ("filter", "prioritize", "bind")}
+    counts = {"no_fit": 0, "bind_errors": 0}
+    conns = [Http1Connection("127.0.0.1", port) for _ in range(connections)]
+
+    def sender(conn: Http1Connection) -> Callable[[int], Any]:
+        async def send(i: int) -> None:
+            pod = pods[i % len(pods)]
+            t0 = clock.monotonic()
+            filtered = await _post(conn, "/filter", bodies[i % len(bodies)])
+            t1 = clock.monotonic()
+            per_verb["filter"].record(t1 - t0)
+            fits = filtered.get("NodeNames") or []
+            if not fits:
+                counts["no_fit"] += 1
+                return
+            scores = await _post(conn, "/prioritize", args_body(pod, fits))
+            t2 = clock.monotonic()
+            per_verb["prioritize"].record(t2 - t1)
+            best = max(scores, key=lambda s: s["Score"])["Host"]
+            meta = pod["metadata"]
+            binding = {
+                "PodName": meta["name"],
+                "PodNamespace": meta["namespace"],
+                "PodUID": meta["uid"],
+                "Node": best,
+            }
+            answer = await _post(conn, "/bind", jsonio.dumps(binding))
+            per_verb["bind"].record(clock.monotonic() - t2)
+            if answer.get("Error"):
+                counts["bind_errors"] += 1
+
+        return send
+
+    result = await run_open_loop(Schedule(rate, len(pods)), [sender(c) for c in conns], clock)
+    for c in conns:
+        c.close()
+    return Cycle(result, per_verb, counts["no_fit"], counts["bind_errors"])
+
+
+# ---------------------------------------------------------------------------- report
+
+
+def fmt(s: Summary) -> str:
+    return (
+        f"n={s.count:<5} p50 {s.p50 * 1e3:7.3f}  p90 {s.p90 * 1e3:7.3f}  "
+        f"p99 {s.p99 * 1e3:7.3f}  p99.9 {s.p999 * 1e3:7.3f}  max {s.maximum * 1e3:7.3f} ms"
+    )
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench_extender")
+    parser.add_argument("--nodes", type=int, default=5000)
+    parser.add_argument("--pods", type=int, default=150_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--duration", type=float, default=8.0, help="seconds per open-loop run")
+    parser.add_argument("--rate-500", type=float, default=100.0, help="requests/s with 500 names")
+    parser.add_argument("--rate-all", type=float, default=20.0, help="requests/s with all names")
+    parser.add_argument("--cycle-rate", type=float, default=300.0, help="pods/s of the cycle")
+    parser.add_argument("--micro-budget", type=float, default=1.0, help="seconds per micro-timing")
+    parser.add_argument("--server-core", type=int, default=1)
+    parser.add_argument("--client-core", type=int, default=0)
+    parser.add_argument("--sweep", default="1000,2500,5000,10000", help="node counts ('' skips)")
+    parser.add_argument("--skip", default="", help="comma list of: micro,http,baseline,sweep")
+    return parser.parse_args(argv)
+
+
+async def serve_and_drive(
+    name: str,
+    server: Server,
+    cluster: Cluster,
+    args: argparse.Namespace,
+    *,
+    clock: Clock,
+    say: Callable[[str], None],
+    offset: int,
+) -> dict[str, Summary]:
+    ready_s = await server.ready(clock, 600)
+    say(f"[{name}] ready after {ready_s:.1f} s, RSS {rss_mib(server.pid):.0f} MB")
+    rng = random.Random(3)
+    pod = probe_pod(1)
+    small = [args_body(pod, rng.sample(cluster.names, 500)) for _ in range(20)]
+    full = [args_body(pod, cluster.names)]
+    out: dict[str, Summary] = {}
+    for verb in ("filter", "prioritize"):
+        for label, bodies, rate in (
+            ("500", small, args.rate_500),
+            (str(len(cluster.names)), full, args.rate_all),
+        ):
+            run = await verb_run(
+                server.port, f"/{verb}", bodies, rate=rate, duration_s=args.duration, clock=clock
+            )
+            key = f"{verb} {label}"
+            out[key] = run.latency.summary()
+            extra = f" errors {dict(run.errors)}" if run.errors else ""
+            extra += f" STOPPED: {run.stopped}" if run.stopped else ""
+            say(f"[{name}] /{key:<16} @{rate:>4.0f}/s {fmt(out[key])}{extra}")
+    say(f"[{name}] RSS after verbs {rss_mib(server.pid):.0f} MB")
+    cycle = await cycle_run(
+        server.port,
+        cluster,
+        rate=args.cycle_rate,
+        duration_s=args.duration,
+        clock=clock,
+        offset=offset,
+    )
+    out["cycle"] = cycle.result.latency.summary()
+    extra = f" errors {dict(cycle.result.errors)}" if cycle.result.errors else ""
+    extra += f" STOPPED: {cycle.result.stopped}" if cycle.result.stopped else ""
+    say(
+        f"[{name}] cycle @{args.cycle_rate:.0f} pods/s, achieved "
+        f"{cycle.result.achieved_rate:.0f}/s, no fit {cycle.no_fit}, "
+        f"bind errors {cycle.bind_errors}{extra}"
+    )
+    say(f"[{name}]   whole cycle (from intended) {fmt(out['cycle'])}")
+    for verb, hist in cycle.per_verb.items():
+        out[f"cycle {verb}"] = hist.summary()
+        say(f"[{name}]   {verb:<10} (service)      {fmt(out[f'cycle {verb}'])}")
+    say(f"[{name}] RSS at end {rss_mib(server.pid):.0f} MB")
+    out["rss"] = Summary(1, 0, 0, rss_mib(server.pid), 0, 0, 0, 0)
+    return out
+
+
+def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> None:
+    skip = set(filter(None, args.skip.split(",")))
+    os.sched_setaffinity(0, {args.client_core})
+    with tempfile.TemporaryDirectory() as folder_name, ExitStack():
+        folder = Path(folder_name)
+        began = clock.monotonic()
+        cluster = write_cluster(folder / "cluster.json", args.nodes, args.pods, args.seed)
+        say(
+            f"cluster: {args.nodes} nodes x {GPUS_PER_NODE} GPUs, {args.pods} pods "
+            f"({cluster.bound} bound, {len(cluster.pending)} pending), levels {LEVELS}; "
+            f"written in {clock.monotonic() - began:.1f} s"
+        )
+        say(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load {os.getloadavg()}")
+        if "micro" not in skip:
+            config = config_of()
+            cache = load_cache(cluster.path, clock, config)
+            say(f"\n== in-process micro-timings (client core {args.client_core}), ms")
+            for what, summary in micro(cache, cluster, config, clock, args.micro_budget):
+                say(f"{what:<66} {fmt(summary)}")
+            del cache
+            gc.collect()
+        results: dict[str, dict[str, Summary]] = {}
+        if "http" not in skip:
+            servers = []
+            if "baseline" not in skip:
+                servers.append(
+                    (
+                        "baseline",
+                        Server(
+                            "baseline",
+                            "loadtest.baseline_extender",
+                            ["--cluster-file", str(cluster.path)],
+                            args.server_core,
+                            folder / "baseline.log",
+                        ),
+                    )
+                )
+            servers.append(
+                (
+                    "extender",
+                    Server(
+                        "extender",
+                        "extender",
+                        [
+                            "--cluster-file",
+                            str(cluster.path),
+                            "--topology-levels",
+                            LEVELS,
+                            "--log-level",
+                            "WARNING",
+                        ],
+                        args.server_core,
+                        folder / "extender.log",
+                    ),
+                )
+            )
+            for offset, (name, server) in enumerate(servers):
+                say(
+                    f"\n== {name} over HTTP: server on core {args.server_core}, open loop, "
+                    "latency from intended send, ms"
+                )
+                with ExitStack() as one:
+                    server.start(one)
+                    results[name] = asyncio.run(
+                        serve_and_drive(
+                            name, server, cluster, args, clock=clock, say=say, offset=offset * 5000
+                        )
+                    )
+            if "baseline" in results and "extender" in results:
+                say("\n== extender / baseline (p99 ratio, same run)")
+                for key, ours in results["extender"].items():
+                    base = results["baseline"].get(key)
+                    if key == "rss" or base is None or base.p99 <= 0:
+                        continue
+                    say(
+                        f"{key:<20} p50 {ours.p50 / base.p50:5.2f}x   "
+                        f"p99 {ours.p99 / base.p99:5.2f}x"
+                    )
+            ext = results.get("extender")
+            if ext:
+                say("\n== targets (extender, p99)")
+                for key, limit in (
+                    *TARGETS_MS.items(),
+                    ("prioritize " + str(args.nodes), 8.0),
+                    ("cycle bind", 1.0),
+                    ("cycle", 10.0),
+                ):
+                    got = ext.get(key)
+                    if got is not None:
+                        say(
+                            f"{key:<20} p99 {got.p99 * 1e3:7.3f} ms  target <= {limit} ms  "
+                            f"{'met' if got.p99 * 1e3 <= limit else 'NOT met'}"
+                        )
+                say(
+                    f"{'RSS':<20} {ext['rss'].p50:7.0f} MB  target <= 250 MB  "
+                    f"{'met' if ext['rss'].p50 <= 250 else 'NOT met'}"
+                )
+        sizes = [int(s) for s in args.sweep.split(",") if s]
+        if sizes and "sweep" not in skip:
+            say("\n== scaling sweep, in process, 1-GPU pod, all names, whole verb p50")
+            for line in sweep(
+                sizes, args.pods // max(1, args.nodes), args.seed, clock, args.micro_budget
+            ):
+                say(line)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    run(args, SystemClock(), lambda line: print(line, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
