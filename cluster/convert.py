@@ -255,8 +255,10 @@ def _positive_int(value: str) -> int:
 
 def _mapping(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     value = obj.get(key)
-    # orjson gives dicts: the exact type check spares an ABC check on the hot path
-    if type(value) is dict or isinstance(value, Mapping):
+    # orjson gives dicts, and absent keys are common: both spare an ABC check
+    if type(value) is dict:
+        return value
+    if value is not None and isinstance(value, Mapping):
         return value
     return _EMPTY
 
@@ -527,7 +529,13 @@ def _requests(
             field, raw = "limits", limits[name]
         else:
             continue
-        amount = _nanos(raw, f"{where}.resources.{field}[{name!r}]", problems)
+        try:
+            amount: int | None = to_nanos(raw)
+        except QuantityError:
+            amount = None
+        if amount is None or amount < 0:
+            # Only a bad value pays for the message: read it again, noting the problem.
+            amount = _nanos(raw, f"{where}.resources.{field}[{name!r}]", problems)
         if amount is not None:
             amounts[name] = amount
     return amounts
@@ -548,9 +556,30 @@ def _pod_requests(spec: Mapping[str, Any], problems: list[str]) -> _Amounts:
         ).items():
             total[name] += amount
 
+    init_containers = _sequence(spec, "initContainers")
+    if init_containers:
+        _add_init_containers(init_containers, total, problems)
+
+    pod_level = _mapping(spec, "resources")
+    if pod_level:
+        # pod-level resources (KEP-2837) replace the containers' sum where they are set
+        total.update(_requests(pod_level, "spec", problems, _POD_LEVEL_RESOURCES))
+
+    overhead = _mapping(spec, "overhead")
+    for name in _DEMAND_RESOURCES:
+        if overhead.get(name) is not None:
+            extra = _nanos(overhead[name], f"spec.overhead[{name!r}]", problems)
+            total[name] += extra or 0
+    return total
+
+
+def _add_init_containers(
+    init_containers: Sequence[Any], total: _Amounts, problems: list[str]
+) -> None:
+    """Sidecars add to ``total``; the peak of any init container running raises it."""
     sidecars = _zero()
     init_peak = _zero()
-    for number, container in enumerate(_sequence(spec, "initContainers")):
+    for number, container in enumerate(init_containers):
         where = _named(container, number, "initContainers")
         own = _container_requests(container, where, problems)
         restart = container.get("restartPolicy") if isinstance(container, Mapping) else None
@@ -565,18 +594,6 @@ def _pod_requests(spec: Mapping[str, Any], problems: list[str]) -> _Amounts:
             init_peak[name] = max(init_peak[name], running)
     for name in _DEMAND_RESOURCES:
         total[name] = max(total[name], init_peak[name])
-
-    pod_level = _mapping(spec, "resources")
-    if pod_level:
-        # pod-level resources (KEP-2837) replace the containers' sum where they are set
-        total.update(_requests(pod_level, "spec", problems, _POD_LEVEL_RESOURCES))
-
-    overhead = _mapping(spec, "overhead")
-    for name in _DEMAND_RESOURCES:
-        if overhead.get(name) is not None:
-            extra = _nanos(overhead[name], f"spec.overhead[{name!r}]", problems)
-            total[name] += extra or 0
-    return total
 
 
 def _named(container: Any, number: int, field: str = "containers") -> str:

@@ -198,6 +198,17 @@ def test_to_units_rounds_up_like_value(value: str | int, expected: int) -> None:
     assert to_units(value) == expected
 
 
+@given(
+    st.integers(min_value=0, max_value=10**30),
+    st.integers(min_value=0, max_value=3),
+    st.sampled_from(["", " ", "\t"]),
+)
+def test_plain_whole_numbers_of_any_length_are_their_value(
+    number: int, zeros: int, space: str
+) -> None:
+    assert to_nanos(f"{space}{'0' * zeros}{number}{space}") == number * 10**9
+
+
 @given(st.integers(min_value=0, max_value=10**15))
 def test_milli_suffix_round_trips(milli: int) -> None:
     assert to_milli(f"{milli}m") == milli
