@@ -345,15 +345,20 @@ def _tessera(weights: ScoringWeights | None = None, **options: Any) -> PolicyFac
 
 
 POLICIES: Final[dict[str, PolicyFactory]] = {
+    # the extender as configured by default (weights, islands), with the trace's pod mix
+    # (extender.config.mix_from_demands); the variants each change one thing
     "tessera": _tessera(),
-    "tessera-float": _tessera(name="tessera-float", integer=False),
-    "tessera-alloccpu": _tessera(name="tessera-alloccpu", free_cpu=False),
-    "tessera-candidate": _tessera(ScoringWeights(gang_locality=0.0), name="tessera-candidate"),
-    "tessera-coarse": _tessera(name="tessera-coarse", scale=5.0),
+    "tessera-float": _tessera(name="tessera-float", integer=False),  # no truncation
+    "tessera-alloccpu": _tessera(name="tessera-alloccpu", free_cpu=False),  # cache's CPU
     "tessera-wire": _tessera(name="tessera-wire", integer=False, select="wire"),
+    "tessera-coarse": _tessera(name="tessera-coarse", scale=5.0),  # half the resolution
+    "tessera-nogang": _tessera(ScoringWeights(gang_locality=0.0), name="tessera-nogang"),
     "tessera-packing": _tessera(
         ScoringWeights(island_fit=0.0, gang_locality=0.0), name="tessera-packing"
     ),
+    # the proposed change: no island-fit term where a node has one NVLink island (every
+    # openb node): there it is a node-level best fit that overrides packing's near-ties
+    "tessera-candidate": _tessera(ScoringWeights(island_fit=0.0), name="tessera-candidate"),
     "fgd": lambda pods: Fgd(fgd.typical_shapes(shape_of(p) for p in pods)),
     "fgd-float": lambda pods: Fgd(
         fgd.typical_shapes(shape_of(p) for p in pods), name="fgd-float", integer=False
