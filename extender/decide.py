@@ -93,6 +93,7 @@ def filter_nodes(
     """
     ctx = build_context(snapshot, pod, config, now)
     key = filter_key(ctx)
+    plain = ctx.gang is None
     nodes = snapshot.nodes
     fits: list[NodeName] = []
     failed: dict[NodeName, str] = {}
@@ -104,7 +105,12 @@ def filter_nodes(
         if node is None:
             hopeless[name] = _not_cached(name)
             continue
-        verdict = run_filters_keyed(ctx, node, key)
+        # the common case inlined (a warm memo, no gang, no drain): see run_filters_keyed
+        known = node.memo.get(key)
+        if known is not None and plain and node.drain_after is None:
+            verdict = known[0]
+        else:
+            verdict = run_filters_keyed(ctx, node, key)
         if verdict is FIT:
             fits.append(name)
         elif isinstance(verdict, Unfit):
@@ -129,13 +135,22 @@ def score_nodes(
     """
     ctx = build_context(snapshot, pod, config, now)
     fkey, skey = filter_key(ctx), score_key(ctx)
+    plain = ctx.gang is None
     nodes = snapshot.nodes
     # Each node keeps the node-only part of its score in its memo (``score_node_keyed``),
     # so a node unchanged since an earlier request with a pod of this shape costs a look-up.
     scored: list[tuple[NodeName, float | None]] = []
     for name in cast("Iterable[NodeName]", node_names):
         node = nodes.get(name)
-        if node is None or run_filters_keyed(ctx, node, fkey) is not FIT:
+        if node is None:
+            scored.append((name, None))
+            continue
+        known = node.memo.get(fkey)
+        if known is not None and plain and node.drain_after is None:
+            verdict = known[0]
+        else:
+            verdict = run_filters_keyed(ctx, node, fkey)
+        if verdict is not FIT:
             scored.append((name, None))
             continue
         scored.append((name, score_node_keyed(ctx, node, skey)))

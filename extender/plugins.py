@@ -384,6 +384,8 @@ def filter_maintenance(ctx: PodContext, node: NodeState) -> Verdict:
     if drain is None:
         return FIT
     limit = ctx.demand.time_limit_s
+    if limit is not None and ctx.now + timedelta(seconds=limit) <= drain:
+        return FIT  # before any words: most pods that reach here fit
     when = _rfc3339(drain)
     if limit is None:
         return Unfit(
