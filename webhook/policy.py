@@ -69,7 +69,7 @@ Decisions a reader might otherwise have to guess:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -203,12 +203,6 @@ def rule_queue(
     workload is not Tessera's to touch.
     """
     namespace = workload.namespace
-    existing = policy.queues_in(namespace)
-    there = (
-        f"queues in namespace {namespace}: {_names(existing)}"
-        if existing
-        else f"namespace {namespace} has no LocalQueue; ask your cluster admin for one"
-    )
     name = workload.queue_name
     if name is None:
         local = policy.default_queue(namespace)
@@ -220,7 +214,7 @@ def rule_queue(
                 "queue",
                 f"{workload.kind_word} {workload.display_name} uses GPUs but has no "
                 f"{labels.QUEUE_NAME} label, and namespace {namespace} has no default "
-                f"queue; set the label to one of the {there}",
+                f"queue; set the label to one of the {_queues_there(policy, namespace)}",
             )
         out.node(("metadata", "labels"))[labels.QUEUE_NAME] = local.name
     else:
@@ -230,13 +224,13 @@ def rule_queue(
                 FORBIDDEN,
                 "queue",
                 f"LocalQueue {name!r} (label {labels.QUEUE_NAME}) does not exist in "
-                f"namespace {namespace}; {there}",
+                f"namespace {namespace}; {_queues_there(policy, namespace)}",
                 queue=name,
             )
         local = found
     cluster = policy.cluster_queue(local.cluster_queue)
     if cluster is None:
-        others = [q for q in existing if q != local.name]
+        others = [q for q in policy.queues_in(namespace) if q != local.name]
         return Denied(
             FORBIDDEN,
             "queue",
@@ -246,6 +240,13 @@ def rule_queue(
             queue=local.name,
         )
     return QueueChoice(local=local, cluster=cluster, defaulted=name is None)
+
+
+def _queues_there(policy: Policy, namespace: str) -> str:
+    existing = policy.queues_in(namespace)
+    if existing:
+        return f"queues in namespace {namespace}: {_names(existing)}"
+    return f"namespace {namespace} has no LocalQueue; ask your cluster admin for one"
 
 
 # ---------------------------------------------------------------- rule 2: suspend
@@ -795,22 +796,18 @@ def rule_time_limit(workload: Workload, queue: QueueChoice, out: Draft) -> Notes
     settings = queue.local.settings
     maximum = settings.max_time_limit_s
     default = settings.default_time_limit_s or maximum
-    holders = list(workload.deadlines)
-    if workload.kind is not WorkloadKind.POD:
-        # a pod template's own limit must respect the maximum too
-        holders += [_template_deadline(t) for t in workload.templates]
-    for holder in holders:
-        seconds, what = holder.seconds, holder.what
-        if maximum is not None and seconds is not None and seconds > maximum:
-            return Denied(
-                FORBIDDEN,
-                "time-limit",
-                f"{what} asks for activeDeadlineSeconds {seconds} "
-                f"({format_seconds(seconds)}); {queue} allows at most {maximum} "
-                f"({format_seconds(maximum)}, {labels.MAX_TIME_LIMIT}); set a shorter "
-                "activeDeadlineSeconds or use another queue",
-                queue=queue.local.name,
-            )
+    if maximum is not None:
+        for seconds, holder in _time_limits(workload):
+            if seconds is not None and seconds > maximum:
+                return Denied(
+                    FORBIDDEN,
+                    "time-limit",
+                    f"{_where(holder)} asks for activeDeadlineSeconds {seconds} "
+                    f"({format_seconds(seconds)}); {queue} allows at most {maximum} "
+                    f"({format_seconds(maximum)}, {labels.MAX_TIME_LIMIT}); set a shorter "
+                    "activeDeadlineSeconds or use another queue",
+                    queue=queue.local.name,
+                )
     notes: list[str] = []
     for index, deadline in enumerate(workload.deadlines):
         limit = deadline.seconds
@@ -827,10 +824,23 @@ def rule_time_limit(workload: Workload, queue: QueueChoice, out: Draft) -> Notes
     return tuple(dict.fromkeys(notes))
 
 
-def _template_deadline(template: PodTemplate) -> Deadline:
-    value = template.spec.get("activeDeadlineSeconds")
-    seconds = value if isinstance(value, int) and not isinstance(value, bool) else None
-    return Deadline(template.spec_path, seconds, f"pod template {template.pointer}")
+def _time_limits(workload: Workload) -> Iterator[tuple[int | None, Deadline | PodTemplate]]:
+    """Each ``activeDeadlineSeconds`` that bounds the workload, and where it is set."""
+    for deadline in workload.deadlines:
+        yield deadline.seconds, deadline
+    if workload.kind is not WorkloadKind.POD:
+        # a pod template's own limit must respect the maximum too
+        for template in workload.templates:
+            value = template.spec.get("activeDeadlineSeconds")
+            yield (
+                (value if isinstance(value, int) and not isinstance(value, bool) else None),
+                template,
+            )
+
+
+def _where(holder: Deadline | PodTemplate) -> str:
+    """How a message names a holder: built only for a message, never on the way to yes."""
+    return holder.what if isinstance(holder, Deadline) else f"pod template {holder.pointer}"
 
 
 # ---------------------------------------------------------------- rule 9: scheduler

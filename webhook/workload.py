@@ -21,7 +21,7 @@ spec.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
@@ -244,7 +244,7 @@ def workload_from_object(
                 metadata_path=("metadata",),
                 spec_path=("spec",),
                 count=1,
-                demand=_demand(spec, "spec"),
+                demand=_demand(spec, lambda: "spec"),
                 labels=_string_map(metadata.get("labels"), "metadata.labels"),
                 annotations=_string_map(metadata.get("annotations"), "metadata.annotations"),
                 spec=spec,
@@ -301,7 +301,35 @@ def _jobset_templates(
 
 
 def _template(name: str, template: Mapping[str, Any], path: Path, count: int) -> PodTemplate:
-    where = pointer(path)[1:].replace("/", ".")
+    metadata = template.get("metadata")
+    spec = template.get("spec")
+    labels_ = metadata.get("labels") if type(metadata) is dict else None
+    annotations = metadata.get("annotations") if type(metadata) is dict else None
+    if not (
+        (metadata is None or type(metadata) is dict)
+        and type(spec) is dict
+        and (labels_ is None or _all_strings(labels_))
+        and (annotations is None or _all_strings(annotations))
+    ):
+        return _checked_template(name, template, path, count)
+    return PodTemplate(
+        name=name,
+        metadata_path=(*path, "metadata"),
+        spec_path=(*path, "spec"),
+        count=count,
+        demand=_demand(spec, lambda: f"{_dotted(path)}.spec"),
+        labels=_EMPTY if labels_ is None else labels_,
+        annotations=_EMPTY if annotations is None else annotations,
+        spec=spec,
+    )
+
+
+def _checked_template(
+    name: str, template: Mapping[str, Any], path: Path, count: int
+) -> PodTemplate:
+    """``_template`` field by field, for a template that is not plain JSON maps of strings:
+    the first field that is wrong raises, named."""
+    where = _dotted(path)
     metadata = _map(template.get("metadata"), f"{where}.metadata")
     spec = _map(template.get("spec"), f"{where}.spec")
     return PodTemplate(
@@ -309,23 +337,33 @@ def _template(name: str, template: Mapping[str, Any], path: Path, count: int) ->
         metadata_path=(*path, "metadata"),
         spec_path=(*path, "spec"),
         count=count,
-        demand=_demand(spec, f"{where}.spec"),
+        demand=_demand(spec, lambda: f"{where}.spec"),
         labels=_string_map(metadata.get("labels"), f"{where}.metadata.labels"),
         annotations=_string_map(metadata.get("annotations"), f"{where}.metadata.annotations"),
         spec=spec,
     )
 
 
-def _demand(spec: Mapping[str, Any], where: str) -> PodDemand:
+def _dotted(path: Path) -> str:
+    """``spec.template`` for ``("spec", "template")``: how messages name a field."""
+    return pointer(path)[1:].replace("/", ".")
+
+
+def _all_strings(mapping: dict[str, Any]) -> bool:
+    return all(type(item) is str for item in mapping.values())
+
+
+def _demand(spec: Mapping[str, Any], where: Callable[[], str]) -> PodDemand:
+    """The template's demand; ``where`` names its spec, for messages only."""
     if not isinstance(spec.get("containers"), list):
-        raise WorkloadError(f"{where}.containers is missing")
+        raise WorkloadError(f"{where()}.containers is missing")
     # Resources only: the gang and topology annotations are checked by the policy rules
     # with their own messages, and a template being created lacks the gang-size that
     # the gang rule is about to add (pod_demand would reject the gang label without it).
     try:
         return pod_demand(spec, _EMPTY, _EMPTY)
     except DemandError as exc:
-        raise WorkloadError(f"{where}: {'; '.join(exc.problems)}") from None
+        raise WorkloadError(f"{where()}: {'; '.join(exc.problems)}") from None
 
 
 def _deadline(spec: Mapping[str, Any], path: Path, what: str) -> Deadline:
