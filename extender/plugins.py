@@ -209,23 +209,41 @@ def _rooms(
     free: dict[str, int] = {}
     total: dict[str, int] = {}
     fkey, pkey = filter_key(ctx), _fits_key(ctx)
+    rkey = f"r|{fkey}|{pkey}|{label}"
     for node in snapshot.nodes.values():
-        value = node.domains.get(label)
-        if value is None:
-            continue
-        # NODE_FILTERS (cordon, product, maintenance), the first two from the node's memo
-        static: _Static | None = node.memo.get(fkey)
-        if static is None:
-            static = _static_verdicts(ctx, node, fkey)
-        if static[1] is not FIT or static[2] is not FIT:
+        # what the node adds, from its memo: (domain, fits now, fits empty), or None
+        # when it has no domain at the level or cordon/product rule it out
+        entry: _Room = node.memo.get(rkey, _UNKNOWN)
+        if entry is _UNKNOWN:
+            entry = _room_entry(ctx, node, label, fkey, pkey)
+            _remember(node, rkey, entry)
+        if entry is None:
             continue
         if node.drain_after is not None and filter_maintenance(ctx, node) is not FIT:
             continue
-        fits, empty = _fits(ctx, node, pkey)
+        value, fits, empty = entry
         node_fits[node.name] = fits
         free[value] = free.get(value, 0) + fits
         total[value] = total.get(value, 0) + empty
     return {value: DomainRoom(free[value], total[value]) for value in free}
+
+
+_Room: TypeAlias = tuple[str, int, int] | None
+_UNKNOWN: Final = ("", -1, -1)
+
+
+def _room_entry(ctx: PodContext, node: NodeState, label: str, fkey: str, pkey: str) -> _Room:
+    value = node.domains.get(label)
+    if value is None:
+        return None
+    # NODE_FILTERS but maintenance, which reads the time: cordon and product
+    static: _Static | None = node.memo.get(fkey)
+    if static is None:
+        static = _static_verdicts(ctx, node, fkey)
+    if static[1] is not FIT or static[2] is not FIT:
+        return None
+    fits, empty = _fits(ctx, node, pkey)
+    return (value, fits, empty)
 
 
 def _fits_key(ctx: PodContext) -> str:

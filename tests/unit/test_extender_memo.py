@@ -18,7 +18,16 @@ from cluster.model import Allocation, GpuDevice, NodeName, NodeState, PodDemand
 from cluster.snapshot import apply_allocation
 from extender.config import ExtenderConfig
 from extender.plugins import FIT, Unfit, build_context, run_filters, score_node
-from tests.unit.test_extender_builders import CONFIG, NOW, RELAXED, pod, snapshot
+from tests.unit.test_extender_builders import (
+    CONFIG,
+    NOW,
+    RELAXED,
+    cluster,
+    demand,
+    node,
+    pod,
+    snapshot,
+)
 from tests.unit.test_extender_invariants import CONFIGS, DEMANDS, nodes
 
 
@@ -99,3 +108,21 @@ def test_the_memo_stays_bounded() -> None:
     for milli in range(1, 400):
         _decide(node, PodDemand(gpu_milli=milli), CONFIG)
     assert len(node.memo) <= 64
+
+
+def test_a_gang_sees_room_taken_since_its_last_request() -> None:
+    """The first member's room per rack comes from the nodes' memos; a node that lost its
+    free island is a new object, so the rack's room shrinks at once."""
+    nodes = [node(".... ....", "a", rack="r1"), node(".... ....", "b", rack="r2")]
+    member = demand(4, gang="ns.job", size=2, topology="required:rack")
+    first = snapshot(nodes)
+    verdict = run_filters(
+        build_context(first, pod("m0", member), CONFIG, NOW), first.nodes[NodeName("a")]
+    )
+    assert verdict is FIT  # r1 holds two 4-GPU members on node a
+    taken = cluster(nodes, [pod("other", demand(4), node="a", indices=(0, 1, 2, 3))]).snapshot()
+    later = run_filters(
+        build_context(taken, pod("m0", member), CONFIG, NOW), taken.nodes[NodeName("a")]
+    )
+    assert isinstance(later, Unfit)
+    assert "rack r1 has room for 1 member" in later.reason
