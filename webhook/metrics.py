@@ -6,6 +6,7 @@ Layer: I/O (exposition). Counts what ``review_flow`` reports; must not decide an
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -36,9 +37,16 @@ class WebhookMetrics:
             registry=self.registry,
         )
         self.policy_age.set_function(policy_age_s)
+        # labels() costs more than the increment (a lock, a lookup by label values):
+        # each counter child is looked up once, then kept here by its labels.
+        self._children: dict[tuple[str, str, str, str], Any] = {}
 
     def observe(self, outcome: ReviewOutcome, seconds: float) -> None:
-        self.reviews.labels(outcome.kind, outcome.decision, outcome.reason, outcome.queue).inc()
+        key = (outcome.kind, outcome.decision, outcome.reason, outcome.queue)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self.reviews.labels(*key)
+        child.inc()
         self.latency.observe(seconds)
 
     def exposition(self) -> bytes:
