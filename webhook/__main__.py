@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -86,6 +87,10 @@ async def serve(
     settings: WebhookSettings, reloader: CertReloader, environ: Mapping[str, str]
 ) -> None:
     app = create_app(settings, environ=environ)
+    # What is loaded now (a policy file's thousands of queue records, imported modules)
+    # lives as long as the process: keep the collector's full passes from walking it.
+    gc.collect()
+    gc.freeze()
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port, ssl_context=reloader.context)
