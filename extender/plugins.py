@@ -14,6 +14,13 @@ over the candidates of a request; ``choose_gpus`` names the GPUs bind will take.
 * ``choose_gpus`` is the single place that picks GPUs; the GPU filter is "it found some",
   so a node that passes the filters always has an assignment at bind.
 
+Speed: what depends only on a node and the pod's shape (the cordon, product and GPU
+verdicts, the packing and island-fit part of the score, how many pods of the shape fit)
+is kept in the node's ``memo`` under a key naming everything it read (``filter_key``,
+``score_key``). A node object never changes and a changed node starts with an empty
+memo, so a remembered answer is always the one the functions would give; what reads the
+time or the gang (maintenance, gang filters, gang locality) runs every time.
+
 The model of a node (``cluster.model``): GPUs with an index, an NVLink island, health
 and free milli-GPUs. Unhealthy GPUs are never counted or chosen. A whole-GPU pod takes
 GPUs nobody uses; a share takes part of one GPU.
