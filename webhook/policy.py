@@ -69,7 +69,7 @@ Decisions a reader might otherwise have to guess:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -963,18 +963,19 @@ def _mutate(workload: Workload, uid: str, policy: Policy, config: AdmitConfig) -
             return chosen
         notes += chosen.warnings
         flavors = chosen.flavors
-        rules: list[Callable[[], Notes | Denied]] = [
-            lambda: rule_quota(workload, queue, flavors, policy),
-            lambda: rule_gang(workload, queue, flavors, policy, out, request_uid=uid),
-            lambda: rule_topology(workload, queue, flavors, policy, out),
-            lambda: rule_time_limit(workload, queue, out),
-            lambda: rule_scheduler(workload, config, out),
-        ]
-        for rule in rules:
-            result = rule()
-            if isinstance(result, Denied):
-                return result
-            notes += result
+        quota = rule_quota(workload, queue, flavors, policy)
+        if isinstance(quota, Denied):
+            return quota
+        gang = rule_gang(workload, queue, flavors, policy, out, request_uid=uid)
+        if isinstance(gang, Denied):
+            return gang
+        topology = rule_topology(workload, queue, flavors, policy, out)
+        if isinstance(topology, Denied):
+            return topology
+        time_limit = rule_time_limit(workload, queue, out)
+        if isinstance(time_limit, Denied):
+            return time_limit
+        notes += (*quota, *gang, *topology, *time_limit, *rule_scheduler(workload, config, out))
     except (WorkloadError, PatchError) as exc:
         return Denied(INVALID, "invalid", f"{workload.kind.value} is not valid: {exc}")
     return Allowed(out.root, warnings=tuple(dict.fromkeys(notes)), queue=queue.local.name)

@@ -20,6 +20,7 @@ both to the models' reading and writing.
 from __future__ import annotations
 
 import base64
+import binascii
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final, Literal, cast
@@ -366,7 +367,7 @@ def encode_response(
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if allowed and patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(jsonio.dumps(patch)).decode("ascii")
+        response["patch"] = binascii.b2a_base64(jsonio.dumps(patch), newline=False).decode()
     if not allowed or code is not None:
         status: dict[str, Any] = {"status": "Success" if allowed else "Failure"}
         if message is not None:
