@@ -492,6 +492,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rate-500", type=float, default=100.0, help="requests/s with 500 names")
     parser.add_argument("--rate-all", type=float, default=20.0, help="requests/s with all names")
     parser.add_argument("--cycle-rate", type=float, default=300.0, help="pods/s of the cycle")
+    parser.add_argument(
+        "--warm-cycle", type=float, default=5.0, help="seconds of cycle at 100/s before it"
+    )
     parser.add_argument("--micro-budget", type=float, default=1.0, help="seconds per micro-timing")
     parser.add_argument("--server-core", type=int, default=1)
     parser.add_argument("--client-core", type=int, default=0)
@@ -531,6 +534,16 @@ async def serve_and_drive(
             extra += f" STOPPED: {run.stopped}" if run.stopped else ""
             say(f"[{name}] /{key:<16} @{rate:>4.0f}/s {fmt(out[key])}{extra}")
     say(f"[{name}] RSS after verbs {rss_mib(server.pid):.0f} MB")
+    if args.warm_cycle > 0:
+        # a server that has run a while: the nodes' memos hold the pending pods' shapes
+        warm = await cycle_run(
+            server.port, cluster, rate=100.0, duration_s=args.warm_cycle, clock=clock, offset=offset
+        )
+        say(
+            f"[{name}] warm-up cycle @100 pods/s for {args.warm_cycle:.0f} s: "
+            f"{fmt(warm.result.latency.summary())}"
+        )
+        offset += int(100 * args.warm_cycle)
     cycle = await cycle_run(
         server.port,
         cluster,
