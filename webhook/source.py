@@ -99,6 +99,7 @@ class PolicyStore:
         self._stale = False
         self._holding = False
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
         self._changed_at = clock.monotonic()
         self._problems: tuple[str, ...] = ()
 
@@ -186,7 +187,7 @@ class PolicyStore:
 
     def _changed(self) -> None:
         self._stale = True
-        if self._holding or self._timer is not None:
+        if self._holding:
             return
         if self._policy is None:
             # Readiness waits for the first build; nobody reads a half-listed policy.
@@ -197,7 +198,10 @@ class PolicyStore:
         except RuntimeError:
             self.flush()  # no loop to defer to (a file, a test): the writer builds now
             return
-        self._timer = loop.call_later(self._debounce_s, self.flush)
+        if self._timer is None or self._timer_loop is not loop:
+            # (a timer of a loop that has since stopped would never fire: set a new one)
+            self._timer = loop.call_later(self._debounce_s, self.flush)
+            self._timer_loop = loop
 
     def _parsed(self) -> Iterator[ParsedObject]:
         for objects in self._objects.values():
@@ -205,8 +209,8 @@ class PolicyStore:
                 yield from entry.parsed
 
     def _rebuild(self) -> None:
-        self._stale = False
         policy = assemble_policy(self._parsed())
+        self._stale = False
         self._policy = policy
         self._generation += 1
         self._changed_at = self._clock.monotonic()

@@ -239,6 +239,20 @@ async def test_a_change_after_a_build_is_built_again() -> None:
     assert policy_of(store).queues_in("ns") == ("a", "b", "q")
 
 
+def test_a_change_left_by_a_loop_that_stopped_is_built_with_the_next() -> None:
+    store = listed(flavor(), cq(), lq("q"), debounce_s=0.01)
+
+    async def add(name: str, wait: bool) -> None:
+        store.event("localqueues", "ADDED", lq(name))
+        if wait:
+            await wait_for_generation(store, 2)
+
+    asyncio.run(add("a", wait=False))  # the loop ends before its timer fires
+    assert store.generation == 1
+    asyncio.run(add("b", wait=True))
+    assert policy_of(store).queues_in("ns") == ("a", "b", "q")
+
+
 async def test_status_churn_on_the_event_loop_schedules_nothing() -> None:
     store = listed(flavor(), cq(), lq("q"), debounce_s=0.01)
     for i in range(100):
