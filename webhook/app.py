@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -45,20 +45,30 @@ def _bad_request(reason: str) -> web.Response:
     return web.Response(status=400, body=jsonio.dumps(body), content_type=JSON)
 
 
-async def mutate(request: web.Request) -> web.Response:
-    app = request.app
-    limit = app[SETTINGS].max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        return _bad_request(f"request body of {request.content_length} bytes exceeds {limit}")
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return _bad_request(f"request body exceeds {limit} bytes")
-    clock = app[CLOCK]
-    start = clock.monotonic()
-    outcome = review(body, app[STORE].current(), app[CONFIG])
-    app[METRICS].observe(outcome, clock.monotonic() - start)
-    return web.Response(status=outcome.status, body=outcome.body, content_type=JSON)
+def mutate_handler(
+    settings: WebhookSettings,
+    store: PolicyStore,
+    config: AdmitConfig,
+    clock: Clock,
+    metrics: WebhookMetrics,
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``POST /mutate``, with what it needs bound once rather than looked up per request."""
+    limit = settings.max_body_bytes
+
+    async def mutate(request: web.Request) -> web.Response:
+        length = request.content_length
+        if length is not None and length > limit:
+            return _bad_request(f"request body of {length} bytes exceeds {limit}")
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _bad_request(f"request body exceeds {limit} bytes")
+        start = clock.monotonic()
+        outcome = review(body, store.current(), config)
+        metrics.observe(outcome, clock.monotonic() - start)
+        return web.Response(status=outcome.status, body=outcome.body, content_type=JSON)
+
+    return mutate
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -117,7 +127,9 @@ def create_app(
             app.cleanup_ctx.append(_watch_kueue)
     app[STORE] = store
     app[METRICS] = WebhookMetrics(store.age_s)
-    app.router.add_post("/mutate", mutate)
+    app.router.add_post(
+        "/mutate", mutate_handler(settings, store, app[CONFIG], clock, app[METRICS])
+    )
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
