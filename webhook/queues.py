@@ -235,6 +235,7 @@ class Steering:
 
 
 def steering(flavors: Iterable[Flavor]) -> Steering:
+    """How to steer pods onto ``flavors`` (in the order given)."""
     chosen = tuple(flavors)
     terms: list[dict[str, Any]] = []
     anywhere = False
@@ -492,8 +493,6 @@ class ParsedObject:
     that object alone and assembling the rest as they were.
     """
 
-    key: str | tuple[str, str]
-    """The name, or (namespace, name) for a LocalQueue."""
     record: Record | None
     """``None``: skipped (``problems`` say why), or not an object the policy reads."""
     problems: tuple[str, ...] = ()
@@ -544,11 +543,11 @@ def parse_objects(objs: Iterable[object]) -> Iterator[ParsedObject]:
     skipped: list[str] = []
     for obj in _flatten(objs, skipped):
         if skipped:
-            yield ParsedObject("", None, tuple(skipped))
+            yield ParsedObject(None, tuple(skipped))
             skipped.clear()
         yield parse_object(obj)
     if skipped:
-        yield ParsedObject("", None, tuple(skipped))
+        yield ParsedObject(None, tuple(skipped))
 
 
 def parse_object(obj: Mapping[str, Any]) -> ParsedObject:
@@ -556,7 +555,6 @@ def parse_object(obj: Mapping[str, Any]) -> ParsedObject:
     problems: list[str] = []
     kind = obj.get("kind")
     name = _name_of(obj)
-    key: str | tuple[str, str] = name
     record: Record | None = None
     try:
         if kind == "ResourceFlavor":
@@ -565,7 +563,6 @@ def parse_object(obj: Mapping[str, Any]) -> ParsedObject:
             record = _parse_cluster_queue(obj, name, problems)
         elif kind == "LocalQueue":
             record = _parse_local_queue(obj, name, problems)
-            key = (record.namespace, name)
         elif kind == "Topology":
             record, found = make_topology(name, _parse_levels(obj, name))
             problems.extend(found)
@@ -578,7 +575,7 @@ def parse_object(obj: Mapping[str, Any]) -> ParsedObject:
             )
     except PolicyError as exc:
         problems.append(f"{kind} {name or '<unnamed>'} skipped: {exc}")
-    return ParsedObject(key, record, tuple(problems))
+    return ParsedObject(record, tuple(problems))
 
 
 def policy_from_objects(objs: Iterable[Mapping[str, Any]]) -> Policy:

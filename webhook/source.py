@@ -47,8 +47,6 @@ DEBOUNCE_S = 0.05
 """How long a change may wait for others before the policy is rebuilt: long enough to
 gather a relist or a ``kubectl apply`` of many queues, short against a human edit."""
 
-Raw = dict[str, Any]
-
 
 def _key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
