@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -185,14 +185,29 @@ def _pod(
     return pod
 
 
-def write_fleet(path: Path, nodes: int, pods: int, seed: int) -> tuple[int, int]:
+def write_fleet(
+    path: Path,
+    nodes: int,
+    pods: int,
+    seed: int,
+    *,
+    label_node: Callable[[dict[str, Any]], None] | None = None,
+    on_pending: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[int, int]:
     """Write the fleet as a ``v1 List``, one item at a time so that the benchmark's peak
-    memory is the loader's, not the generator's. Returns (bound, pending) pod counts."""
+    memory is the loader's, not the generator's. Returns (bound, pending) pod counts.
+
+    ``label_node`` may add labels to each node before it is written (another benchmark
+    adds a topology level); ``on_pending`` sees every pending pod as it is written.
+    """
     rng = random.Random(seed)
     bound = 0
     with path.open("wb") as out:
         out.write(b'{"apiVersion":"v1","kind":"List","items":[')
         node_dicts = [_node(i, rng) for i in range(nodes)]
+        if label_node is not None:
+            for node in node_dicts:
+                label_node(node)
         for i, node in enumerate(node_dicts):
             out.write((b"," if i else b"") + jsonio.dumps(node))
         shapes = _shapes(rng)
@@ -217,7 +232,10 @@ def write_fleet(path: Path, nodes: int, pods: int, seed: int) -> tuple[int, int]
         while number < pods:
             shape = next(shapes)
             member = number // GANG_SIZE if shape.gpus >= 4 else -1
-            out.write(b"," + jsonio.dumps(_pod(number, shape, None, (), member)))
+            item = _pod(number, shape, None, (), member)
+            if on_pending is not None:
+                on_pending(item)
+            out.write(b"," + jsonio.dumps(item))
             number += 1
         out.write(b"]}")
     return bound, number - bound

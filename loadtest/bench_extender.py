@@ -48,18 +48,7 @@ from cluster.feed import CacheFeed
 from extender import decide, verbs, wire
 from extender.config import ExtenderConfig
 from extender.settings import ExtenderSettings
-from loadtest.bench_cache import (
-    BLOCK_LABEL,
-    BOUND_SHARE,
-    FULL,
-    GANG_SIZE,
-    GPUS_PER_NODE,
-    RACK_LABEL,
-    _node,
-    _place,
-    _pod,
-    _shapes,
-)
+from loadtest.bench_cache import BLOCK_LABEL, GPUS_PER_NODE, RACK_LABEL, write_fleet
 from loadtest.openloop import Http1Connection, RequestFailed, RunResult, Schedule, run_open_loop
 from loadtest.stats import Histogram, Summary
 
@@ -89,48 +78,16 @@ class Cluster:
 
 def write_cluster(path: Path, nodes: int, pods: int, seed: int) -> Cluster:
     """The fleet of ``bench_cache`` with a fourth level (zone) above block."""
-    rng = random.Random(seed)
-    node_dicts = []
-    for i in range(nodes):
-        node = _node(i, rng)
-        block = int(node["metadata"]["labels"][BLOCK_LABEL][1:])
-        node["metadata"]["labels"][ZONE_LABEL] = f"z{block // BLOCKS_PER_ZONE:02d}"
-        node_dicts.append(node)
-    names = [n["metadata"]["name"] for n in node_dicts]
+    names: list[str] = []
     pending: list[dict[str, Any]] = []
-    bound = number = 0
-    with path.open("wb") as out:
-        out.write(b'{"apiVersion":"v1","kind":"List","items":[')
-        for i, node in enumerate(node_dicts):
-            out.write((b"," if i else b"") + jsonio.dumps(node))
-        shapes = _shapes(rng)
-        target = int(pods * BOUND_SHARE)
-        for node in node_dicts:
-            free = [FULL] * GPUS_PER_NODE
-            misses = 0
-            while misses < 3 and bound < target:
-                shape = next(shapes)
-                indices = _place(free, shape)
-                if indices is None:
-                    misses += 1
-                    continue
-                for index in indices:
-                    free[index] -= shape.milli or FULL
-                member = number // GANG_SIZE if shape.gpus >= 4 else -1
-                out.write(
-                    b","
-                    + jsonio.dumps(_pod(number, shape, node["metadata"]["name"], indices, member))
-                )
-                number += 1
-                bound += 1
-        while number < pods:
-            shape = next(shapes)
-            member = number // GANG_SIZE if shape.gpus >= 4 else -1
-            item = _pod(number, shape, None, (), member)
-            pending.append(item)
-            out.write(b"," + jsonio.dumps(item))
-            number += 1
-        out.write(b"]}")
+
+    def add_zone(node: dict[str, Any]) -> None:
+        node_labels = node["metadata"]["labels"]
+        block = int(node_labels[BLOCK_LABEL][1:])
+        node_labels[ZONE_LABEL] = f"z{block // BLOCKS_PER_ZONE:02d}"
+        names.append(node["metadata"]["name"])
+
+    bound, _ = write_fleet(path, nodes, pods, seed, label_node=add_zone, on_pending=pending.append)
     return Cluster(path, names, pending, bound)
 
 
