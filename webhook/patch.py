@@ -192,7 +192,8 @@ class Draft:
 
     def set_default(self, path: Sequence[PathToken], key: str, value: Any) -> bool:
         """Set ``key`` in the map at ``path`` unless it has a value; True when written."""
-        if self.get((*path, key)) is not None:
+        node = self.get(path)
+        if type(node) is dict and node.get(key) is not None:
             return False
         self.node(path)[key] = value
         return True

@@ -310,8 +310,10 @@ def product_matches(accepted: str, product: str) -> bool:
 
 def _gpu_resources(workload: Workload) -> tuple[str, ...]:
     """The GPU resources the workload asks for: whole GPUs, shares, or both."""
-    whole = any(t.demand.gpus for t in workload.templates)
-    share = any(t.demand.is_share for t in workload.templates)
+    whole = share = False
+    for template in workload.templates:
+        whole = whole or bool(template.demand.gpus)
+        share = share or template.demand.is_share
     return ((labels.GPU_RESOURCE,) if whole else ()) + (
         (labels.GPU_MILLI_RESOURCE,) if share else ()
     )
@@ -495,18 +497,22 @@ def _why_borrowable(limit: Limit, cluster: ClusterQueue) -> str:
 
 
 def _fits(asks: Sequence[GpuAsk], queue: QueueChoice, flavor: Flavor, policy: Policy) -> bool:
-    return all(
-        ask.total * 1000 <= policy.limit(queue.cluster.name, flavor.name, ask.resource).total
-        for ask in asks
-    )
+    cluster = queue.cluster.name
+    for ask in asks:  # a loop, not all(...): this runs for every review
+        if ask.total * 1000 > policy.limit(cluster, flavor.name, ask.resource).total:
+            return False
+    return True
 
 
 def _over_quota(
     asks: Sequence[GpuAsk], queue: QueueChoice, flavors: Sequence[Flavor], policy: Policy
 ) -> tuple[GpuAsk, Flavor, Limit] | None:
     """``None`` when one flavor holds every ask; else the ask and the flavor closest to it."""
-    if not asks or not flavors or any(_fits(asks, queue, f, policy) for f in flavors):
+    if not asks or not flavors:
         return None  # no flavors at all is rule 4's denial, not a quota question
+    for flavor in flavors:
+        if _fits(asks, queue, flavor, policy):
+            return None
     for ask in asks:
         best = max(
             flavors, key=lambda f: policy.limit(queue.cluster.name, f.name, ask.resource).total
