@@ -25,6 +25,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from cluster import logs
+from cluster.cli import env_bool, env_value, one_line
 from cluster.files import ObjectFileError
 from cluster.kube import KubeError
 from cluster.tls import CertReloader, TLSConfigError
@@ -42,25 +43,7 @@ examples:
   python -m extender --tls-cert /tls/tls.crt --tls-key /tls/tls.key \\
       --client-ca /tls/ca.crt                              # in-cluster, mutual TLS
 """
-TRUE = frozenset({"1", "true", "yes", "on"})
-FALSE = frozenset({"0", "false", "no", "off", ""})
-
-
-def _env(environ: Mapping[str, str], flag: str) -> str | None:
-    return environ.get("TESSERA_EXTENDER_" + flag.upper().replace("-", "_"))
-
-
-def _env_bool(
-    environ: Mapping[str, str], flag: str, parser: argparse.ArgumentParser
-) -> bool | None:
-    value = _env(environ, flag)
-    if value is None:
-        return None
-    word = value.strip().lower()
-    if word not in TRUE | FALSE:
-        name = "TESSERA_EXTENDER_" + flag.upper().replace("-", "_")
-        parser.exit(2, f"{PROG}: error: {name}={value!r} is not true or false\n")
-    return word in TRUE
+ENV_PREFIX = "TESSERA_EXTENDER_"
 
 
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderSettings:
@@ -72,13 +55,13 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
     )
 
     def flag(name: str, **kwargs: Any) -> None:
-        parser.add_argument(f"--{name}", default=_env(environ, name), **kwargs)
+        parser.add_argument(f"--{name}", default=env_value(environ, ENV_PREFIX, name), **kwargs)
 
     def switch(name: str, help: str) -> None:
         parser.add_argument(
             f"--{name}",
             action=argparse.BooleanOptionalAction,
-            default=_env_bool(environ, name, parser),
+            default=env_bool(environ, ENV_PREFIX, name, parser),
             help=help,
         )
 
@@ -104,14 +87,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
     try:
         return ExtenderSettings(**values)
     except ValidationError as exc:
-        parser.exit(2, f"{PROG}: error: {_one_line(exc)}\n")
-
-
-def _one_line(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}".replace("Value error, ", "")
-        for e in exc.errors()
-    )
+        parser.exit(2, f"{PROG}: error: {one_line(exc)}\n")
 
 
 async def serve(

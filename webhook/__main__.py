@@ -22,6 +22,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from cluster import logs
+from cluster.cli import env_bool, env_value, one_line
 from cluster.files import ObjectFileError
 from cluster.tls import CertReloader, TLSConfigError
 from webhook.app import create_app
@@ -37,8 +38,7 @@ examples:
 """
 
 
-def _env(environ: Mapping[str, str], flag: str) -> str | None:
-    return environ.get("TESSERA_WEBHOOK_" + flag.upper().replace("-", "_"))
+ENV_PREFIX = "TESSERA_WEBHOOK_"
 
 
 def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> WebhookSettings:
@@ -50,12 +50,20 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> WebhookSe
     )
 
     def flag(name: str, **kwargs: Any) -> None:
-        parser.add_argument(f"--{name}", default=_env(environ, name), **kwargs)
+        parser.add_argument(f"--{name}", default=env_value(environ, ENV_PREFIX, name), **kwargs)
 
     flag("host", help="address to listen on (default 0.0.0.0)")
     flag("port", type=int, help="port to listen on (default 8443)")
-    flag("tls-cert", required=_env(environ, "tls-cert") is None, help="serving certificate")
-    flag("tls-key", required=_env(environ, "tls-key") is None, help="its private key")
+    flag(
+        "tls-cert",
+        required=env_value(environ, ENV_PREFIX, "tls-cert") is None,
+        help="serving certificate",
+    )
+    flag(
+        "tls-key",
+        required=env_value(environ, ENV_PREFIX, "tls-key") is None,
+        help="its private key",
+    )
     flag("policy-file", help="Kueue objects from this YAML/JSON file instead of a watch")
     flag("kubeconfig", help="watch Kueue objects through this kubeconfig (else in-cluster)")
     flag("scheduler-name", help="scheduler profile written into pod templates")
@@ -64,7 +72,11 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> WebhookSe
         help="comma-separated namespaces where GPU work without a queue is denied (* = all)",
     )
     flag("log-level", help="DEBUG, INFO, WARNING (default INFO)")
-    parser.add_argument("--log-json", action="store_true", default=bool(_env(environ, "log-json")))
+    parser.add_argument(
+        "--log-json",
+        action="store_true",
+        default=bool(env_bool(environ, ENV_PREFIX, "log-json", parser)),
+    )
     args = parser.parse_args(argv)
     values = {k: v for k, v in vars(args).items() if v is not None}
     if "managed_namespaces" in values:
@@ -74,13 +86,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> WebhookSe
     try:
         return WebhookSettings(**values)
     except ValidationError as exc:
-        parser.exit(2, f"python -m webhook: error: {_one_line(exc)}\n")
-
-
-def _one_line(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors()
-    )
+        parser.exit(2, f"python -m webhook: error: {one_line(exc)}\n")
 
 
 async def serve(
