@@ -45,7 +45,7 @@ from extender.app import CACHE, create_app
 from extender.binder import Binder, BindError, MemoryBinder, Placement
 from extender.settings import ExtenderSettings, parse_levels
 from tests.builders import RACK_LABEL, node_json, pod_json
-from tests.certfiles import Material, make_material
+from tests.certfiles import MTLS_CLIENTS, Material, make_material
 from tests.fakeapi import FakeApiServer, Fault
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -690,26 +690,7 @@ def mtls_settings(material: Material, cluster: Path) -> ExtenderSettings:
     )
 
 
-@pytest.mark.parametrize(
-    ("client", "accepted"),
-    [
-        pytest.param(lambda m, s: client_context(m["ca.crt"]), False, id="no-client-cert"),
-        pytest.param(
-            lambda m, s: client_context(
-                m["ca.crt"], s["kube-scheduler.crt"], s["kube-scheduler.key"]
-            ),
-            False,
-            id="client-cert-from-another-ca",
-        ),
-        pytest.param(
-            lambda m, s: client_context(
-                m["ca.crt"], m["kube-scheduler.crt"], m["kube-scheduler.key"]
-            ),
-            True,
-            id="kube-scheduler",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("client", "accepted"), MTLS_CLIENTS)
 async def test_mutual_tls_lets_only_kube_scheduler_in(
     material: Material,
     stranger: Material,

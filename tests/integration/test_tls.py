@@ -27,7 +27,7 @@ from certs.plan import make_plan, service_names
 from certs.store import write_atomic
 from cluster.clock import SystemClock
 from cluster.tls import CertReloader, TLSConfigError, client_context, server_context
-from tests.certfiles import Material, make_material
+from tests.certfiles import MTLS_CLIENTS, Material, make_material
 
 POLL = 0.02
 WEBHOOK_SANS = (*service_names("tessera-webhook", "tessera-system"), "localhost", "127.0.0.1")
@@ -152,31 +152,7 @@ async def test_only_modern_protocols_and_ciphers(material: Material) -> None:
 # ---------------------------------------------------------------- mutual TLS (the extender)
 
 
-@pytest.mark.parametrize(
-    ("client", "accepted"),
-    [
-        pytest.param(lambda m, s: client_context(m["ca.crt"]), False, id="no-client-cert"),
-        pytest.param(
-            lambda m, s: client_context(
-                m["ca.crt"], s["kube-scheduler.crt"], s["kube-scheduler.key"]
-            ),
-            False,
-            id="client-cert-from-another-ca",
-        ),
-        pytest.param(
-            lambda m, s: client_context(m["ca.crt"], m["webhook.crt"], m["webhook.key"]),
-            False,
-            id="serving-cert-used-as-client-cert",
-        ),
-        pytest.param(
-            lambda m, s: client_context(
-                m["ca.crt"], m["kube-scheduler.crt"], m["kube-scheduler.key"]
-            ),
-            True,
-            id="kube-scheduler",
-        ),
-    ],
-)
+@pytest.mark.parametrize(("client", "accepted"), MTLS_CLIENTS)
 async def test_mutual_tls_lets_only_kube_scheduler_bind(
     material: Material,
     stranger: Material,
