@@ -19,7 +19,7 @@ from cluster import jsonio
 from cluster.clock import SystemClock
 from loadtest import demo, report, scenario, selfcheck
 from loadtest.fleet import FleetSpec, StreamSpec
-from loadtest.traces import DEFAULT_DATA_DIR
+from loadtest.traces import DEFAULT_DATA_DIR, TraceMissing
 
 EXAMPLES = """\
 examples:
@@ -28,6 +28,8 @@ examples:
   python -m loadtest latency --rate 100 --duration 30 --nodes 256
   python -m loadtest soak --duration 600 --max-rss-growth-mib 40
   python -m loadtest latency --trace openb-default --rate 50 --duration 20
+  python -m loadtest latency --nodes spot-v2026 --rate 100 --duration 30   # 4,278 nodes
+  python -m loadtest latency --nodes spot-v2026 --node-limit 1000
   python -m loadtest latency --webhook-url https://tessera-webhook.example:443 \\
       --extender-url https://tessera-extender.example:8888 --ca ca.crt \\
       --client-cert kube-scheduler.crt --client-key kube-scheduler.key
@@ -38,8 +40,40 @@ Reports go to reports/<mode>.json and reports/<mode>.html (--out to change).
 """
 
 
+NODES_HELP = """\
+N synthetic HGX nodes (default %(default)s), or a real node list from --data:
+spot-v2026 (Alibaba spot GPU v2026, 4,278 nodes) or openb (Alibaba openb GPU nodes),
+under the synthetic job stream. A node list gives each node its GPU model (as the GFD
+product label), GPU count and CPU cores; memory 8 GiB per core where the file has none;
+one NVLink island only on 8-GPU A100-SXM4/A800-SXM4/H800 boards, no annotation
+(one island, the extender's default) elsewhere. The lists have no topology: racks and
+blocks are SYNTHETIC (per GPU model in file order, 4 nodes a rack, 4 racks a block) so
+that the stream's rack-constrained gangs have racks; their placement quality says
+nothing about the real machine rooms. Queues: one flavor per GPU model, each team its
+share of every model, the examples' LocalQueues."""
+
+
+def _nodes(text: str) -> int | str:
+    if text in scenario.NODE_FILES:
+        return text
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        choices = ", ".join(scenario.NODE_FILES)
+        raise argparse.ArgumentTypeError(f"{text!r}: give a node count or one of {choices}")
+    return count
+
+
 def _common(parser: argparse.ArgumentParser, *, rate: float, duration: float, nodes: int) -> None:
-    parser.add_argument("--nodes", type=int, default=nodes, help=f"HGX nodes (default {nodes})")
+    parser.add_argument("--nodes", type=_nodes, default=nodes, help=NODES_HELP)
+    parser.add_argument(
+        "--node-limit",
+        type=int,
+        default=None,
+        help="with a node list: only its first N nodes (file order)",
+    )
     parser.add_argument(
         "--rate", type=float, default=rate, help=f"jobs created per second (default {rate:g})"
     )
@@ -107,8 +141,15 @@ def _spec(args: argparse.Namespace, base: scenario.RunSpec) -> scenario.RunSpec:
         remote = scenario.Remote(
             args.webhook_url, args.extender_url, args.ca, args.client_cert, args.client_key
         )
+    node_file = args.nodes if isinstance(args.nodes, str) else None
+    if node_file is not None and args.trace is not None:
+        raise SystemExit("python -m loadtest: --trace brings its own nodes; drop --nodes")
+    if args.node_limit is not None and (node_file is None or args.node_limit < 1):
+        raise SystemExit("python -m loadtest: --node-limit N (N >= 1) goes with a node list")
     return scenario.RunSpec(
-        fleet=FleetSpec(nodes=args.nodes),
+        fleet=FleetSpec(nodes=args.nodes if node_file is None else base.fleet.nodes),
+        node_file=node_file,
+        node_limit=args.node_limit,
         stream=stream,
         quota_scale=args.quota_scale,
         drain_s=args.drain if args.drain is not None else base.drain_s,
@@ -239,7 +280,13 @@ def main(argv: list[str] | None = None) -> int:
         spec = _spec(args, demo.demo_spec())
     if args.command == "latency" and args.verb_rate > 0:
         spec = replace(spec, verb_rate=args.verb_rate, verb_duration_s=args.verb_duration)
-    out = demo.execute(args.command, spec, args.out, clock=clock, say=print, live=demo.live_line())
+    try:
+        out = demo.execute(
+            args.command, spec, args.out, clock=clock, say=print, live=demo.live_line()
+        )
+    except TraceMissing as exc:
+        print(f"python -m loadtest: {exc}", file=sys.stderr)
+        return 2
     failed = not out.ok
     if args.command == "soak":
         for name, rss in out.data["rss"].items():

@@ -99,7 +99,12 @@ def execute(
     live: Callable[[str], None] | None = None,
 ) -> Outcome:
     """Run one scenario, print its summary, write ``out_dir/<name>.json|.html``."""
-    fleet = f"{spec.fleet.nodes} HGX nodes" if spec.trace is None else f"the {spec.trace} trace"
+    fleet = f"{spec.fleet.nodes} HGX nodes"
+    if spec.trace is not None:
+        fleet = f"the {spec.trace} trace"
+    elif spec.node_file is not None:
+        limit = f" (first {spec.node_limit})" if spec.node_limit else ""
+        fleet = f"the {spec.node_file} nodes{limit} (synthetic racks)"
     say(
         f"starting: webhook (TLS, fresh certificates) and extender, {fleet}, "
         f"~{spec.stream.rate * spec.stream.duration_s:.0f} jobs over {spec.stream.duration_s:.0f} s"
@@ -116,6 +121,8 @@ def execute(
         "mode": name,
         "nodes": len(prepared.nodes),
         "trace": spec.trace,
+        "node_file": spec.node_file,
+        "node_limit": spec.node_limit,
         "rate_jobs_per_s": spec.stream.rate,
         "arrivals_s": spec.stream.duration_s,
         "seed": spec.seed,

@@ -21,7 +21,7 @@ from typing import Any
 from cluster.clock import Clock
 from cluster.files import load_objects
 from loadtest import fleet as fleet_mod
-from loadtest import trace_input, traces, verb_rate
+from loadtest import node_files, trace_input, traces, verb_rate
 from loadtest.apiserver import NODES, MiniApiServer
 from loadtest.bench_webhook import ROOT
 from loadtest.cluster_sim import ClusterSim, SimResult
@@ -35,6 +35,11 @@ POLICY_FILES = (
     "cluster-queues.yaml",
     "local-queues.yaml",
 )
+NODE_FILES = {
+    "spot-v2026": traces.read_spot_nodes,
+    "openb": traces.read_openb_nodes,
+}
+"""``RunSpec.node_file`` → the reader of that node list in the data folder."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,11 @@ class RunSpec:
     remote: Remote | None = None
     keep_dir: Path | None = None
     """Where server logs, certificates and the policy go (default: a temporary folder)."""
+    node_file: str | None = None
+    """A key of ``NODE_FILES``: that real node list from ``data_dir`` instead of the HGX
+    fleet, under the synthetic stream (``loadtest.node_files`` says how)."""
+    node_limit: int | None = None
+    """With ``node_file``: its first this many nodes (file order)."""
     trace: str | None = None
     """``openb-<variant>`` (e.g. ``openb-default``): nodes and pods from the Alibaba openb
     trace in ``data_dir`` instead of the HGX fleet and the synthetic stream."""
@@ -101,6 +111,8 @@ def prepare(spec: RunSpec, now: datetime) -> Prepared:
     rng = random.Random(spec.seed)
     if spec.trace is not None:
         return _prepare_trace(spec, rng)
+    if spec.node_file is not None:
+        return _prepare_node_file(spec, rng)
     nodes = fleet_mod.hgx_fleet(spec.fleet, now, rng)
     policy = example_policy()
     gpus = 8 * len(nodes)
@@ -198,3 +210,21 @@ def _prepare_trace(spec: RunSpec, rng: random.Random) -> Prepared:
         trace_input.trace_jobs(trace_pods, spec.stream, rng),
         1,
     )
+
+
+def _prepare_node_file(spec: RunSpec, rng: random.Random) -> Prepared:
+    """``TraceMissing`` without the data; ``ValueError`` for an unknown node file."""
+    reader = NODE_FILES.get(spec.node_file or "")
+    if reader is None or spec.data_dir is None:
+        raise ValueError(
+            f"unknown node file {spec.node_file!r}: use one of {', '.join(NODE_FILES)}"
+        )
+    rows = reader(spec.data_dir)
+    if spec.node_limit is not None:
+        rows = rows[: spec.node_limit]
+    policy = node_files.fleet_policy(rows, example_policy())
+    scale = spec.quota_scale or 1
+    if scale != 1:
+        policy = fleet_mod.scale_quotas(policy, scale)
+    jobs = fleet_mod.job_stream(spec.stream, rng)
+    return Prepared(node_files.fleet_nodes(rows), policy, jobs, scale)

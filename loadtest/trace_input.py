@@ -48,12 +48,20 @@ def flavor_name(model: str) -> str:
     return "gpu-" + "".join(c if c.isalnum() else "-" for c in model.lower())
 
 
-def trace_policy(nodes: Sequence[TraceNode], priority_classes: Sequence[Obj]) -> list[Obj]:
-    """Flavors per GPU model; per team a ClusterQueue holding its share of each model."""
+def trace_policy(
+    nodes: Sequence[TraceNode],
+    priority_classes: Sequence[Obj],
+    *,
+    model_order: Sequence[str] | None = None,
+) -> list[Obj]:
+    """Flavors per GPU model; per team a ClusterQueue holding its share of each model,
+    its flavors in ``model_order`` (default: by name). CPU-only nodes give no flavor."""
     capacity: dict[str, int] = {}
     for node in nodes:
-        capacity[node.model] = capacity.get(node.model, 0) + node.gpus
-    models = sorted(capacity)
+        if node.gpus:
+            capacity[node.model] = capacity.get(node.model, 0) + node.gpus
+    first = [m for m in model_order or () if m in capacity]
+    models = first + sorted(set(capacity) - set(first))
     policy: list[Obj] = [
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
