@@ -14,8 +14,12 @@ The flow for one job, as in a cluster:
    with its message, an admission's JSON patch is applied to give the stored Job.
 2. *Kueue*: the suspended Job waits in its ClusterQueue until quota is free (own nominal
    quota, then borrowing in the cohort), FIFO; admission picks a flavor, writes its node
-   labels as the template's ``nodeSelector`` and unsuspends the Job.
-3. *Job controller*: creates the pods in the ``MiniApiServer`` the extender watches.
+   labels as the template's ``nodeSelector`` and unsuspends the Job. That write is an
+   UPDATE, so kube-apiserver sends the webhook an UPDATE review (``oldObject``: the
+   stored suspended Job), timed as the ``update`` verb; a denied or failed UPDATE leaves
+   the Job suspended, gives its quota back and is an error of the run.
+3. *Job controller*: creates the pods of the unsuspended Job in the ``MiniApiServer``
+   the extender watches.
 4. *kube-scheduler*: one pod at a time: in-tree fit over its own node cache, ``/filter``
    with the candidate names (``nodeCacheCapable: true``), ``/prioritize`` when more
    than one node is left, weighted score combination, then ``/bind``, which runs while
@@ -43,8 +47,9 @@ from loadtest.apiserver import PODS, MiniApiServer
 from loadtest.fleet import RACK_LABEL, JobSpec
 from loadtest.targets import Targets
 
-VERBS = ("mutate", "filter", "prioritize", "bind", "schedule")
-"""``schedule``: one pod's whole scheduling cycle, filter to bind answered."""
+VERBS = ("mutate", "update", "filter", "prioritize", "bind", "schedule")
+"""``mutate``: CREATE reviews; ``update``: the UPDATE reviews of Kueue's unsuspends;
+``schedule``: one pod's whole scheduling cycle, filter to bind answered."""
 RETRY_BACKOFF_S = 1.0
 RETRY_ANYWAY_S = 5.0
 SAMPLE_EVERY_S = 0.25
@@ -186,7 +191,7 @@ class ClusterSim:
         self.wake_scheduler = asyncio.Event()
         self.wake_kueue = asyncio.Event()
         self.last_event_s = 0.0
-        self.reviews = self.binds = 0
+        self.reviews = self.updates = self.binds = 0
         self.start = 0.0
         self._seq = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -282,15 +287,47 @@ class ClusterSim:
         name = admission.workload.key
         del self.pending[name]
         job = self.result.jobs[name]
-        job.admitted_s, job.flavor, job.borrowed = (
-            self.now_s(),
-            admission.flavor,
-            admission.borrowed,
-        )
+        job.flavor, job.borrowed = admission.flavor, admission.borrowed
+        self._spawn(self._unsuspend(job, self.clock.monotonic()))
+
+    async def _unsuspend(self, job: JobRun, intended: float) -> None:
+        """Kueue's write, reviewed by the webhook as an UPDATE; then the pods. The job
+        counts as admitted (at the time Kueue decided) once the write is allowed."""
+        admitted_s = intended - self.start
         assert job.stored is not None
-        assert job.demand is not None
-        flavor = self.setup.flavors[admission.flavor]
+        flavor = self.setup.flavors[job.flavor]
         running = objects.unsuspend(job.stored, flavor.node_labels)
+        uid = f"review-update-{job.spec.namespace}-{job.spec.name}"
+        review = objects.admission_review(running, uid, operation="UPDATE", old=job.stored)
+        failure = ""
+        try:
+            status, body, _ = await self._post("webhook", "/mutate?timeout=10s", review)
+            self.result.latencies["update"].append(self.clock.monotonic() - intended)
+            self.updates += 1
+            if status != 200:
+                failure = f"http-{status}"
+            else:
+                verdict = objects.read_verdict(running, uid, body)
+                if verdict.allowed:
+                    running = verdict.patched
+                else:
+                    failure = f"denied {verdict.code}: {verdict.message[:120]}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            failure = type(exc).__name__
+        except objects.BadAnswer as exc:
+            failure = f"bad-answer: {exc}"
+        if failure:
+            # kube-apiserver refused Kueue's write: the Job stays suspended and Kueue
+            # gives the quota back (a denied unsuspend is a webhook bug the run reports).
+            self.result.errors[f"update:{failure}"] += 1
+            self._release(job)
+            return
+        job.stored, job.admitted_s = running, admitted_s
+        self._create_pods(job, running)
+
+    def _create_pods(self, job: JobRun, running: dict[str, Any]) -> None:
+        assert job.demand is not None
+        name = job.spec.name
         for pod in objects.job_pods(running, "loadtest"):
             key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
             whole = job.demand.resource == labels.GPU_RESOURCE
@@ -308,6 +345,11 @@ class ClusterSim:
             self.api.put(PODS, pod)
             self.active.append(key)
         self.wake_scheduler.set()
+
+    def _release(self, job: JobRun) -> None:
+        assert job.demand is not None
+        self.book.release(job.cluster_queue, job.flavor, job.demand.resource, job.demand.total)
+        self.wake_kueue.set()
 
     # ------------------------------------------------------------ kube-scheduler
 
@@ -454,9 +496,7 @@ class ClusterSim:
         job.ended_pods += 1
         if job.ended_pods == len(job.pods):
             job.finished_s = self.now_s()
-            assert job.demand is not None
-            self.book.release(job.cluster_queue, job.flavor, job.demand.resource, job.demand.total)
-            self.wake_kueue.set()
+            self._release(job)
 
     async def _retry(self) -> None:
         """Unschedulable pods back to the active queue after a cluster event and the

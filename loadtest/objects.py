@@ -23,8 +23,15 @@ Obj = dict[str, Any]
 _GROUPS = {"Job": ("batch", "v1", "jobs"), "Pod": ("", "v1", "pods")}
 
 
-def admission_review(obj: Obj, uid: str, *, operation: str = "CREATE") -> Obj:
-    """The ``admission.k8s.io/v1`` review kube-apiserver sends for ``obj``."""
+def admission_review(
+    obj: Obj, uid: str, *, operation: str = "CREATE", old: Obj | None = None
+) -> Obj:
+    """The ``admission.k8s.io/v1`` review kube-apiserver sends for ``obj``: a CREATE, or
+    an UPDATE of the stored ``old`` (``oldObject``, ``UpdateOptions``, as in the capture
+    of ``kubectl patch`` unsuspending a Job)."""
+    if (operation == "UPDATE") != (old is not None):
+        raise ValueError("an UPDATE review carries the stored object; a CREATE does not")
+    options = "UpdateOptions" if operation == "UPDATE" else "CreateOptions"
     group, version, resource = _GROUPS[obj["kind"]]
     kind = {"group": group, "version": version, "kind": obj["kind"]}
     gvr = {"group": group, "version": version, "resource": resource}
@@ -42,9 +49,9 @@ def admission_review(obj: Obj, uid: str, *, operation: str = "CREATE") -> Obj:
             "operation": operation,
             "userInfo": {"username": "loadtest", "groups": ["system:authenticated"]},
             "object": obj,
-            "oldObject": None,
+            "oldObject": old,
             "dryRun": False,
-            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
+            "options": {"kind": options, "apiVersion": "meta.k8s.io/v1"},
         },
     }
 

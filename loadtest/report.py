@@ -183,6 +183,7 @@ def to_json(result: SimResult, meta: Mapping[str, Any], quota_nominal_gpus: int)
         "latency_s": {k: v.to_json() for k, v in latency_summaries(result.latencies).items()},
         "throughput_per_s": {
             "reviews": len(result.latencies["mutate"]) / max(result.arrivals_s, 1e-9),
+            "update_reviews": len(result.latencies["update"]) / max(result.duration_s, 1e-9),
             "binds": len(result.latencies["schedule"]) / max(result.duration_s, 1e-9),
             "peak_binds": max((v for _, v in _rate_series(result, "binds")), default=0.0),
         },
@@ -259,6 +260,11 @@ def summary_lines(result: SimResult, data: Mapping[str, Any], placements: int = 
     ]
     for d in result.denials[:8]:
         lines.append(f"  denied {d.job} ({d.kind}, {d.code}): {d.message}")
+    refused = sum(n for k, n in result.errors.items() if k.startswith("update:"))
+    lines.append(
+        f"  unsuspends (Kueue's UPDATE, reviewed too): {len(result.latencies['update'])} "
+        f"answered, {refused} refused or failed"
+    )
     lines += [
         "",
         f"Kueue: {jobs['admitted']} admitted "
@@ -350,7 +356,7 @@ def html_page(result: SimResult, data: Mapping[str, Any], title: str) -> str:
             Series(
                 verb, [(v * 1000, p) for v, p in cdf_points(lat[verb])], dashed=verb == "schedule"
             )
-            for verb in ("mutate", "filter", "prioritize", "bind", "schedule")
+            for verb in ("mutate", "update", "filter", "prioritize", "bind", "schedule")
             if lat.get(verb)
         ],
         x_label="latency (log scale)",

@@ -33,6 +33,8 @@ def test_the_short_demo_admits_places_and_reports(tmp_path: Path) -> None:
     # Kueue: every allowed job admitted or still waiting; nothing admitted twice.
     allowed = jobs["created"] - jobs["denied"]
     assert jobs["admitted"] + jobs["waiting_at_end"] == allowed
+    # Each unsuspend was an UPDATE review the webhook allowed (none refused: no errors).
+    assert data["latency_s"]["update"]["count"] == jobs["admitted"]
     # kube-scheduler: every pod of an admitted job is bound or pending, none lost.
     assert pods["bound"] + pods["pending_at_end"] == pods["created"]
     assert data["latency_s"]["bind"]["count"] >= pods["bound"]
