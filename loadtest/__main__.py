@@ -17,8 +17,10 @@ from pathlib import Path
 
 from cluster import jsonio
 from cluster.clock import SystemClock
+from cluster.kube import KubeError
 from loadtest import demo, report, scenario, selfcheck
 from loadtest.fleet import FleetSpec, StreamSpec
+from loadtest.remote_pods import RemoteClusterError
 from loadtest.traces import DEFAULT_DATA_DIR, TraceMissing
 
 EXAMPLES = """\
@@ -32,7 +34,8 @@ examples:
   python -m loadtest latency --nodes spot-v2026 --node-limit 1000
   python -m loadtest latency --webhook-url https://tessera-webhook.example:443 \\
       --extender-url https://tessera-extender.example:8888 --ca ca.crt \\
-      --client-cert kube-scheduler.crt --client-key kube-scheduler.key
+      --client-cert kube-scheduler.crt --client-key kube-scheduler.key \\
+      --kubeconfig test-cluster.kubeconfig --namespace tessera-loadtest
   python -m loadtest placement --quick          # FGD-style placement quality on openb
   python -m loadtest selfcheck                  # the cluster model alone, no servers
 
@@ -114,9 +117,16 @@ def _common(parser: argparse.ArgumentParser, *, rate: float, duration: float, no
     )
     remote = parser.add_argument_group(
         "a real deployment",
-        "the extender must be running with the same nodes (e.g. --cluster-file of the fleet "
-        "written to --keep/nodes.json); pods it binds do not exist in its API, so use a "
-        "standalone extender",
+        "--webhook-url and --extender-url need --kubeconfig for the cluster the extender "
+        "watches and binds through. The tool schedules over its own node list (--nodes; "
+        "written to --keep/nodes.json), so that cluster must have Nodes of those names "
+        "(a run is refused otherwise). Each pod it schedules is created there, in "
+        "--namespace (made and labelled app.kubernetes.io/managed-by=tessera-loadtest "
+        "if absent; refused if it exists without that label), with schedulerName "
+        "tessera-loadtest (no kube-scheduler serves it) and the pause image, and deleted "
+        "when its run time is over, so the extender's watch frees its GPUs; leftover "
+        "pods are deleted at start and exit, and the namespace too if the run made it. "
+        "On nodes with kubelets the pods really start: use a test cluster.",
     )
     remote.add_argument("--webhook-url", help="e.g. https://tessera-webhook.tessera-system.svc:443")
     remote.add_argument("--extender-url", help="e.g. https://tessera-extender:8888")
@@ -125,6 +135,14 @@ def _common(parser: argparse.ArgumentParser, *, rate: float, duration: float, no
         "--client-cert", type=Path, help="client certificate for the extender's mutual TLS"
     )
     remote.add_argument("--client-key", type=Path)
+    remote.add_argument(
+        "--kubeconfig", type=Path, help="the deployment's cluster (required with the URLs)"
+    )
+    remote.add_argument(
+        "--namespace",
+        default="tessera-loadtest",
+        help="where the run's pods go (default tessera-loadtest)",
+    )
 
 
 def _spec(args: argparse.Namespace, base: scenario.RunSpec) -> scenario.RunSpec:
@@ -138,9 +156,23 @@ def _spec(args: argparse.Namespace, base: scenario.RunSpec) -> scenario.RunSpec:
     if args.webhook_url or args.extender_url:
         if not (args.webhook_url and args.extender_url):
             raise SystemExit("python -m loadtest: --webhook-url and --extender-url go together")
+        if args.kubeconfig is None:
+            raise SystemExit(
+                "python -m loadtest: a remote run needs --kubeconfig (the cluster the "
+                "extender watches): without it the pods it binds do not exist there and "
+                "the GPUs of pods that end are never freed"
+            )
         remote = scenario.Remote(
-            args.webhook_url, args.extender_url, args.ca, args.client_cert, args.client_key
+            args.webhook_url,
+            args.extender_url,
+            args.ca,
+            args.client_cert,
+            args.client_key,
+            args.kubeconfig,
+            args.namespace,
         )
+    elif args.kubeconfig is not None:
+        raise SystemExit("python -m loadtest: --kubeconfig goes with --webhook-url/--extender-url")
     node_file = args.nodes if isinstance(args.nodes, str) else None
     if node_file is not None and args.trace is not None:
         raise SystemExit("python -m loadtest: --trace brings its own nodes; drop --nodes")
@@ -284,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         out = demo.execute(
             args.command, spec, args.out, clock=clock, say=print, live=demo.live_line()
         )
-    except TraceMissing as exc:
+    except (TraceMissing, RemoteClusterError, KubeError) as exc:
         print(f"python -m loadtest: {exc}", file=sys.stderr)
         return 2
     failed = not out.ok

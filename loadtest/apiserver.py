@@ -6,7 +6,10 @@ list's resourceVersion), the same with ``watch=true`` (newline-delimited JSON ev
 from a resourceVersion, ``ERROR`` 410 when it is older than the kept history), ``GET``
 and merge ``PATCH`` of one pod, and ``POST .../pods/{name}/binding``. The simulator
 (kube-apiserver's other clients: the job controller, the kubelet) writes through
-``put``/``delete`` in the same process. Must not decide anything about scheduling.
+``put``/``delete`` in the same process. It also takes the writes a remote-mode run
+makes through a kubeconfig (``loadtest.remote_pods``): namespaces (GET, POST, DELETE),
+pod create (POST, which assigns the uid), pod delete and a namespace's pod list, so
+that tests can stand it in for a real cluster. Must not decide anything about scheduling.
 
 Why it exists: with ``--cluster-file`` the extender loads the cluster once and has no
 watch, so it never learns that a pod ended and its GPUs would stay taken forever. A
@@ -32,6 +35,7 @@ from cluster import jsonio
 Obj = dict[str, Any]
 NODES = "nodes"
 PODS = "pods"
+NAMESPACES = "namespaces"
 HISTORY = 20_000
 """Events kept for watches that resume from an older resourceVersion."""
 
@@ -71,10 +75,13 @@ class MiniApiServer:
     """``async with MiniApiServer() as api``; ``api.url``; ``api.kubeconfig(folder)``."""
 
     def __init__(self, on_bound: Callable[[str, str], None] | None = None) -> None:
-        self.store: dict[str, dict[str, Obj]] = {NODES: {}, PODS: {}}
+        self.store: dict[str, dict[str, Obj]] = {NODES: {}, PODS: {}, NAMESPACES: {}}
         self.on_bound = on_bound
         """Called with (pod key, node) when a Binding lands."""
         self.bindings = 0
+        self.created = self.deleted = 0
+        """Pods created and deleted over HTTP (by a remote-mode run)."""
+        self._uids = 0
         self._rv = 1
         self._history: deque[tuple[int, str, bytes]] = deque(maxlen=HISTORY)
         self._watchers: set[_Watcher] = set()
@@ -83,6 +90,12 @@ class MiniApiServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_get("/api/v1/{resource:nodes|pods}", self._collection)
         app.router.add_get("/api/v1/namespaces/{namespace}/pods/{name}", self._get)
+        app.router.add_delete("/api/v1/namespaces/{namespace}/pods/{name}", self._delete_pod)
+        app.router.add_get("/api/v1/namespaces/{namespace}/pods", self._namespace_pods)
+        app.router.add_post("/api/v1/namespaces/{namespace}/pods", self._create_pod)
+        app.router.add_get("/api/v1/namespaces/{name}", self._get_namespace)
+        app.router.add_delete("/api/v1/namespaces/{name}", self._delete_namespace)
+        app.router.add_post("/api/v1/namespaces", self._create_namespace)
         app.router.add_patch("/api/v1/namespaces/{namespace}/pods/{name}", self._patch)
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/binding", self._bind)
         self.app = app
@@ -229,3 +242,64 @@ class MiniApiServer:
             self.on_bound(key, node)
         body = {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 201}
         return web.Response(status=201, body=jsonio.dumps(body), content_type="application/json")
+
+    # ------------------------------------------------------------ a remote-mode run's writes
+
+    async def _create_pod(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        if namespace not in self.store[NAMESPACES]:
+            return _status(404, "NotFound", f"namespaces {namespace!r} not found")
+        pod = jsonio.loads(await request.read())
+        meta = pod.setdefault("metadata", {})
+        meta["namespace"] = namespace
+        if f"{namespace}/{meta.get('name')}" in self.store[PODS]:
+            return _status(409, "AlreadyExists", f"pods {meta.get('name')!r} already exists")
+        self._uids += 1
+        meta["uid"] = f"mini-{self._uids:08d}"
+        self.put(PODS, pod)
+        self.created += 1
+        return web.Response(status=201, body=jsonio.dumps(pod), content_type="application/json")
+
+    async def _delete_pod(self, request: web.Request) -> web.Response:
+        key = f"{request.match_info['namespace']}/{request.match_info['name']}"
+        obj = self.store[PODS].get(key)
+        if obj is None:
+            return _status(404, "NotFound", f"pods {key!r} not found")
+        self.delete(PODS, key)
+        self.deleted += 1
+        return web.Response(body=jsonio.dumps(obj), content_type="application/json")
+
+    async def _namespace_pods(self, request: web.Request) -> web.Response:
+        namespace = request.match_info["namespace"]
+        items = [p for p in self.store[PODS].values() if p["metadata"]["namespace"] == namespace]
+        body = {
+            "kind": "PodList",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(self._rv)},
+            "items": items,
+        }
+        return web.Response(body=jsonio.dumps(body), content_type="application/json")
+
+    async def _get_namespace(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        obj = self.store[NAMESPACES].get(name)
+        if obj is None:
+            return _status(404, "NotFound", f"namespaces {name!r} not found")
+        return web.Response(body=jsonio.dumps(obj), content_type="application/json")
+
+    async def _create_namespace(self, request: web.Request) -> web.Response:
+        obj = jsonio.loads(await request.read())
+        if obj["metadata"]["name"] in self.store[NAMESPACES]:
+            return _status(409, "AlreadyExists", "namespace already exists")
+        self.put(NAMESPACES, obj)
+        return web.Response(status=201, body=jsonio.dumps(obj), content_type="application/json")
+
+    async def _delete_namespace(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        obj = self.store[NAMESPACES].get(name)
+        if obj is None:
+            return _status(404, "NotFound", f"namespaces {name!r} not found")
+        for key in [k for k, p in self.store[PODS].items() if p["metadata"]["namespace"] == name]:
+            self.delete(PODS, key)
+        self.delete(NAMESPACES, name)
+        return web.Response(body=jsonio.dumps(obj), content_type="application/json")

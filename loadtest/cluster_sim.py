@@ -28,6 +28,11 @@ The flow for one job, as in a cluster:
 5. *kubelet*: a bound pod runs for its (compressed) duration, then is deleted; the
    extender's watch frees its GPUs, and when all of a job's pods ended Kueue releases
    the job's quota.
+
+Against a remote deployment (``remote_pods``), steps 3 and 5 write to the deployment's
+kube-apiserver instead: each pod is created there (in the load test's own namespace,
+with the uid the API gives it) before it is scheduled, and deleted there when it ends,
+so the remote extender's watch frees its GPUs as in a cluster.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from cluster.clock import Clock
 from loadtest import kueue, objects, scheduling
 from loadtest.apiserver import PODS, MiniApiServer
 from loadtest.fleet import RACK_LABEL, JobSpec
+from loadtest.remote_pods import RemoteClusterError, RemotePods
 from loadtest.targets import Targets
 
 VERBS = ("mutate", "update", "filter", "prioritize", "bind", "schedule")
@@ -160,8 +166,10 @@ class ClusterSim:
         drain_s: float = 60.0,
         seed: int = 1,
         progress: Any = None,
+        remote_pods: RemotePods | None = None,
     ) -> None:
         self.targets, self.api, self.clock = targets, api, clock
+        self.remote_pods = remote_pods
         self.jobs_in = jobs
         self.weight = extender_weight
         self.drain_s = drain_s
@@ -323,12 +331,23 @@ class ClusterSim:
             self._release(job)
             return
         job.stored, job.admitted_s = running, admitted_s
-        self._create_pods(job, running)
+        await self._create_pods(job, running)
 
-    def _create_pods(self, job: JobRun, running: dict[str, Any]) -> None:
+    async def _create_pods(self, job: JobRun, running: dict[str, Any]) -> None:
         assert job.demand is not None
         name = job.spec.name
         for pod in objects.job_pods(running, "loadtest"):
+            if self.remote_pods is not None:
+                try:
+                    pod = await self.remote_pods.create(  # noqa: PLW2901
+                        self.remote_pods.pod_for(pod)
+                    )
+                except RemoteClusterError as exc:
+                    # The pod does not exist: the run's checks count it as lost.
+                    self.result.errors[f"pod-create:{str(exc)[:100]}"] += 1
+                    continue
+            else:
+                self.api.put(PODS, pod)
             key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
             whole = job.demand.resource == labels.GPU_RESOURCE
             self.result.pods[key] = PodRun(
@@ -342,8 +361,8 @@ class ClusterSim:
                 self.now_s(),
             )
             job.pods.append(key)
-            self.api.put(PODS, pod)
             self.active.append(key)
+            self.wake_scheduler.set()
         self.wake_scheduler.set()
 
     def _release(self, job: JobRun) -> None:
@@ -488,7 +507,10 @@ class ClusterSim:
 
     def _end_pod(self, pod: PodRun) -> None:
         pod.ended = True
-        self.api.delete(PODS, pod.key)
+        if self.remote_pods is not None:
+            self._spawn(self._delete_remote(pod))
+        else:
+            self.api.delete(PODS, pod.key)
         self.rooms[pod.node].remove(pod.key, pod.needs)
         self._account(pod, -1)
         self.last_event_s = self.now_s()
@@ -497,6 +519,14 @@ class ClusterSim:
         if job.ended_pods == len(job.pods):
             job.finished_s = self.now_s()
             self._release(job)
+
+    async def _delete_remote(self, pod: PodRun) -> None:
+        assert self.remote_pods is not None
+        try:
+            await self.remote_pods.delete(pod.obj["metadata"]["name"])
+        except RemoteClusterError as exc:
+            # Its GPUs stay taken in the deployment until the cleanup at exit.
+            self.result.errors[f"pod-delete:{str(exc)[:100]}"] += 1
 
     async def _retry(self) -> None:
         """Unschedulable pods back to the active queue after a cluster event and the

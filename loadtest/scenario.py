@@ -9,6 +9,7 @@ Must not read the environment or print: ``progress`` and the caller do the talki
 
 from __future__ import annotations
 
+import contextlib
 import random
 import shutil
 import tempfile
@@ -20,11 +21,13 @@ from typing import Any
 
 from cluster.clock import Clock
 from cluster.files import load_objects
+from cluster.kube import KubeConfig
 from loadtest import fleet as fleet_mod
 from loadtest import node_files, trace_input, traces, verb_rate
 from loadtest.apiserver import NODES, MiniApiServer
 from loadtest.bench_webhook import ROOT
 from loadtest.cluster_sim import ClusterSim, SimResult
+from loadtest.remote_pods import RemoteClusterError, RemotePods
 from loadtest.targets import local_servers, remote, write_objects
 
 EXAMPLES_DIR = ROOT / "manifests" / "examples"
@@ -44,11 +47,22 @@ NODE_FILES = {
 
 @dataclass(frozen=True, slots=True)
 class Remote:
+    """A real deployment. ``kubeconfig`` reaches the kube-apiserver its extender
+    watches and binds through: the run's pods are created there (in ``namespace``,
+    which the load test owns) and deleted when they end, or their GPUs would never be
+    freed. Without it a run is refused."""
+
     webhook_url: str
     extender_url: str
     ca: Path | None = None
     client_cert: Path | None = None
     client_key: Path | None = None
+    kubeconfig: Path | None = None
+    namespace: str = "tessera-loadtest"
+
+
+class RemoteRefused(ValueError):
+    """A remote run that would leave GPUs allocated in the deployment."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,12 +141,33 @@ async def run(
     clock: Clock,
     progress: Callable[[ClusterSim], None] | None = None,
 ) -> tuple[SimResult, Prepared]:
+    if spec.remote is not None and spec.remote.kubeconfig is None:
+        raise RemoteRefused(
+            "a remote run needs the deployment's kubeconfig: without it the pods the "
+            "extender binds do not exist in its cluster, and the GPUs of pods that end "
+            "are never freed"
+        )
     prepared = prepare(spec, clock.now())
     folder = spec.keep_dir or Path(tempfile.mkdtemp(prefix="tessera-loadtest-"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        async with MiniApiServer() as api:
-            write_objects(folder / "nodes.json", prepared.nodes)
+        write_objects(folder / "nodes.json", prepared.nodes)
+        async with MiniApiServer() as api, contextlib.AsyncExitStack() as stack:
+            remote_pods = None
+            if spec.remote is not None and spec.remote.kubeconfig is not None:
+                config = await KubeConfig.from_kubeconfig(spec.remote.kubeconfig)
+                remote_pods = await stack.enter_async_context(
+                    RemotePods(config, spec.remote.namespace)
+                )
+                names = [n["metadata"]["name"] for n in prepared.nodes]
+                missing = await remote_pods.missing_nodes(names)
+                if missing:
+                    raise RemoteClusterError(
+                        f"{len(missing)} of the run's {len(names)} nodes are not in the "
+                        f"cluster (e.g. {', '.join(missing[:3])}): the load test schedules "
+                        "over its own node list, so the cluster must have those nodes "
+                        "(see --keep's nodes.json)"
+                    )
             for node in prepared.nodes:
                 api.put(NODES, node)
             targets_cm = (
@@ -171,6 +206,7 @@ async def run(
                     drain_s=spec.drain_s,
                     seed=spec.seed,
                     progress=progress,
+                    remote_pods=remote_pods,
                 )
                 result = await sim.run()
                 if spec.verb_rate:

@@ -193,6 +193,8 @@ def test_node_limit_takes_the_first_nodes_of_the_file() -> None:
         ca=None,
         client_cert=None,
         client_key=None,
+        kubeconfig=None,
+        namespace="tessera-loadtest",
         data=DEFAULT_DATA_DIR,
     )
     spec = _spec(args, demo.demo_spec())
