@@ -384,6 +384,10 @@ class KubeClient:
             "PATCH", path, params=params, body=body, content_type=PATCH_CONTENT_TYPES[patch_type]
         )
 
+    async def delete_json(self, path: str, params: Params | None = None) -> JsonObject:
+        """DELETE ``path``: the object as deleted (or a ``Status``), as the server answers."""
+        return await self._request("DELETE", path, params=params)
+
     async def list(
         self, path: str, params: Params | None = None, *, page_size: int = 500
     ) -> tuple[JsonObjects, str]:

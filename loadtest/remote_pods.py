@@ -18,14 +18,11 @@ namespace except reading nodes, and must not decide placement.
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection
+from collections.abc import Awaitable, Collection
 from types import TracebackType
 from typing import Any, Final, Self
 
-import aiohttp
-
-from cluster import jsonio
-from cluster.kube import KubeConfig
+from cluster.kube import ApiError, KubeClient, KubeConfig, TransportError
 
 Obj = dict[str, Any]
 
@@ -46,48 +43,25 @@ class RemotePods:
     and is empty of old load-test pods; on exit it is cleaned up."""
 
     def __init__(self, config: KubeConfig, namespace: str, *, timeout_s: float = 10.0) -> None:
-        self.config = config
         self.namespace = namespace
         self.created = self.deleted = 0
-        self._timeout_s = timeout_s
+        self._client = KubeClient(config, request_timeout_s=timeout_s, user_agent=OWNER)
         self._made_namespace = False
-        self._session: aiohttp.ClientSession | None = None
 
     # ------------------------------------------------------------ plumbing
 
-    def _headers(self) -> dict[str, str]:
-        token = self.config.token
-        if token is None and self.config.token_file is not None:
-            token = self.config.token_file.read_text().strip()
-        headers = {"Accept": "application/json", "Content-Type": "application/json"}
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        return headers
-
-    async def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        if self._session is None:
-            raise RuntimeError("RemotePods is used outside 'async with'")
-        data = None if body is None else jsonio.dumps(body)
-        async with self._session.request(
-            method, self.config.server + path, data=data, headers=self._headers()
-        ) as response:
-            raw = await response.read()
-        try:
-            return response.status, jsonio.loads(raw) if raw else {}
-        except jsonio.JsonError:
-            return response.status, {"message": raw[:200].decode(errors="replace")}
-
     async def _must(
-        self, method: str, path: str, body: Any = None, ok: Collection[int] = ()
-    ) -> Any:
+        self, what: str, call: Awaitable[dict[str, Any]], ok: Collection[int] = ()
+    ) -> dict[str, Any]:
+        """The answer of ``call``; ``{}`` for a status in ``ok``; else RemoteClusterError."""
         try:
-            status, answer = await self._call(method, path, body)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise RemoteClusterError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
-        if status >= 400 and status not in ok:
-            message = answer.get("message", "") if isinstance(answer, dict) else ""
-            raise RemoteClusterError(f"{method} {path}: HTTP {status} {message}".strip())
-        return answer
+            return await call
+        except ApiError as exc:
+            if exc.status in ok:
+                return {}
+            raise RemoteClusterError(f"{what}: HTTP {exc.status} {exc.message}".strip()) from None
+        except TransportError as exc:
+            raise RemoteClusterError(f"{what}: {exc}") from None
 
     def _pods_path(self) -> str:
         return f"/api/v1/namespaces/{self.namespace}/pods"
@@ -95,15 +69,12 @@ class RemotePods:
     # ------------------------------------------------------------ the run
 
     async def __aenter__(self) -> Self:
-        connector = aiohttp.TCPConnector(ssl=self.config.ssl_context() or False, limit=16)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=self._timeout_s)
-        )
+        await self._client.__aenter__()
         try:
             await self._own_namespace()
             await self._delete_our_pods()
         except BaseException:
-            await self._session.close()
+            await self._client.close()
             raise
         return self
 
@@ -116,14 +87,14 @@ class RemotePods:
         try:
             await self._delete_our_pods()
             if self._made_namespace:
-                await self._must("DELETE", f"/api/v1/namespaces/{self.namespace}", ok=(404,))
+                path = f"/api/v1/namespaces/{self.namespace}"
+                await self._must(f"DELETE {path}", self._client.delete_json(path), ok=(404,))
         finally:
-            if self._session is not None:
-                await self._session.close()
+            await self._client.close()
 
     async def _own_namespace(self) -> None:
         path = f"/api/v1/namespaces/{self.namespace}"
-        found = await self._must("GET", path, ok=(404,))
+        found = await self._must(f"GET {path}", self._client.get_json(path), ok=(404,))
         if found.get("kind") == "Namespace" or found.get("metadata", {}).get("name"):
             owner = (found.get("metadata", {}).get("labels") or {}).get(OWNER_LABEL)
             if owner != OWNER:
@@ -137,21 +108,23 @@ class RemotePods:
             "kind": "Namespace",
             "metadata": {"name": self.namespace, "labels": {OWNER_LABEL: OWNER}},
         }
-        await self._must("POST", "/api/v1/namespaces", body)
+        await self._must(
+            "POST /api/v1/namespaces", self._client.post_json("/api/v1/namespaces", body)
+        )
         self._made_namespace = True
 
     async def _delete_our_pods(self) -> None:
         """Pods of this or an earlier (crashed) run still hold GPUs: delete them."""
-        listing = await self._must("GET", self._pods_path(), ok=(404,))
+        path = self._pods_path()
+        listing = await self._must(f"GET {path}", self._client.get_json(path), ok=(404,))
         for pod in listing.get("items") or []:
             meta = pod.get("metadata") or {}
             if (meta.get("labels") or {}).get(OWNER_LABEL) == OWNER:
-                await self._must("DELETE", f"{self._pods_path()}/{meta['name']}", ok=(404,))
-                self.deleted += 1
+                await self.delete(meta["name"])
 
     async def missing_nodes(self, names: Collection[str]) -> list[str]:
         """The names among ``names`` that the cluster has no Node for."""
-        listing = await self._must("GET", "/api/v1/nodes")
+        listing = await self._must("GET /api/v1/nodes", self._client.get_json("/api/v1/nodes"))
         known = {(n.get("metadata") or {}).get("name") for n in listing.get("items") or []}
         return sorted(set(names) - known)
 
@@ -173,10 +146,12 @@ class RemotePods:
 
     async def create(self, pod: Obj) -> Obj:
         """POST the pod; the stored pod (with the uid kube-apiserver gave it)."""
-        stored: Obj = await self._must("POST", self._pods_path(), pod)
+        path = self._pods_path()
+        stored: Obj = await self._must(f"POST {path}", self._client.post_json(path, pod))
         self.created += 1
         return stored
 
     async def delete(self, name: str) -> None:
-        await self._must("DELETE", f"{self._pods_path()}/{name}", ok=(404,))
+        path = f"{self._pods_path()}/{name}"
+        await self._must(f"DELETE {path}", self._client.delete_json(path), ok=(404,))
         self.deleted += 1

@@ -235,10 +235,14 @@ class FakeApiServer:
         self.app.router.add_patch(
             f"/{gv}/namespaces/{{namespace}}/{{resource}}/{{name}}", self._patch
         )
+        self.app.router.add_delete(
+            f"/{gv}/namespaces/{{namespace}}/{{resource}}/{{name}}", self._delete
+        )
         self.app.router.add_get(f"/{gv}/{{resource}}", self._collection)
         self.app.router.add_get(f"/{gv}/{{resource}}/{{name}}", self._get)
         self.app.router.add_post(f"/{gv}/{{resource}}", self._create)
         self.app.router.add_patch(f"/{gv}/{{resource}}/{{name}}", self._patch)
+        self.app.router.add_delete(f"/{gv}/{{resource}}/{{name}}", self._delete)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -503,6 +507,14 @@ class FakeApiServer:
         obj = self.store.get(self._collection_of(request), {}).get(key)
         if obj is None:
             return _status_response(404, "NotFound", f"{key} not found")
+        return _json_response(obj)
+
+    async def _delete(self, request: web.Request) -> web.StreamResponse:
+        collection, key = self._collection_of(request), _key(request)
+        obj = self.store.get(collection, {}).get(key)
+        if obj is None:
+            return _status_response(404, "NotFound", f"{key} not found")
+        self.delete(collection, key)
         return _json_response(obj)
 
     async def _create(self, request: web.Request) -> web.StreamResponse:

@@ -133,6 +133,20 @@ async def test_post_creates_and_a_second_binding_is_a_conflict(
     assert "already assigned" in caught.value.message
 
 
+async def test_delete_removes_the_object_and_a_second_delete_is_not_found(
+    api: FakeApiServer, client: KubeClient
+) -> None:
+    api.put(PODS, pod("gone", namespace="team"))
+    deleted = await client.delete_json("/api/v1/namespaces/team/pods/gone")
+    assert deleted["metadata"]["name"] == "gone"
+    assert "team/gone" not in api.objects(PODS)
+
+    with pytest.raises(ApiError) as caught:
+        await client.delete_json("/api/v1/namespaces/team/pods/gone")
+    assert caught.value.status == 404
+    assert caught.value.reason == "NotFound"
+
+
 @pytest.mark.parametrize(
     ("patch_type", "body", "content_type"),
     [
