@@ -180,21 +180,21 @@ def wire_scores(
     values = [s for _, s in scored if s is not None]
     if not values:
         return [(name, 0) for name, _ in scored]
-    low, high = min(values), max(values)
     top = int(MAX_SCORE)
-    out: list[tuple[NodeName, int]] = []
-    for name, score in scored:
-        if score is None:
-            wire = 0
-        elif not config.normalize_scores:
-            wire = round(score)
-        elif high - low < 1e-9:
-            wire = top
-        else:
-            wire = 1 + round(9 * (score - low) / (high - low))
-        # the clamp spelled out: this loop runs once per candidate
-        out.append((name, 0 if wire < 0 else top if wire > top else wire))
-    return out
+    # one comprehension per case: this runs once per candidate, 5,000 of them at scale
+    if not config.normalize_scores:
+        return [
+            (name, 0 if score is None else max(0, min(top, round(score)))) for name, score in scored
+        ]
+    low, high = min(values), max(values)
+    span = high - low
+    if span < 1e-9:
+        return [(name, 0 if score is None else top) for name, score in scored]
+    # low..high onto 1..10: within bounds by construction, no clamp needed
+    return [
+        (name, 0 if score is None else 1 + round(9 * (score - low) / span))
+        for name, score in scored
+    ]
 
 
 # ---------------------------------------------------------------- full Node objects
