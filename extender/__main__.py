@@ -10,21 +10,16 @@ wrong; stops cleanly on SIGTERM, finishing the binds under way.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
 import logging
 import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import uvloop
-from aiohttp import web
 from pydantic import ValidationError
 
-from cluster import logs
+from cluster import logs, serving
 from cluster.cli import env_bool, env_value, one_line
 from cluster.files import ObjectFileError
 from cluster.kube import KubeError
@@ -90,43 +85,6 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
         parser.exit(2, f"{PROG}: error: {one_line(exc)}\n")
 
 
-async def serve(
-    settings: ExtenderSettings, reloader: CertReloader | None, environ: Mapping[str, str]
-) -> None:
-    app = create_app(settings, environ=environ)
-    # What is loaded now (a cluster file's 150,000 pods, imported modules) lives as long
-    # as the process: keep the collector's full passes from walking it on every request.
-    gc.collect()
-    gc.freeze()
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    context = reloader.context if reloader is not None else None
-    site = web.TCPSite(runner, settings.listen_host, settings.port, ssl_context=context)
-    await site.start()
-    port = runner.addresses[0][1] if runner.addresses else settings.port
-    log.info(
-        "serving",
-        extra=logs.fields(
-            host=settings.listen_host,
-            port=port,
-            tls=settings.tls,
-            mutual_tls=settings.client_ca is not None,
-            source=str(settings.cluster_file or settings.kubeconfig or "in-cluster"),
-        ),
-    )
-    reload_task = asyncio.create_task(reloader.run()) if reloader is not None else None
-    stop = asyncio.Event()
-    # Kubernetes stops a pod with SIGTERM: finish the binds under way, then exit.
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    try:
-        await stop.wait()
-        log.info("stopping")
-    finally:
-        if reload_task is not None:
-            reload_task.cancel()
-        await runner.cleanup()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     environ = dict(os.environ)
     settings = parse_settings(sys.argv[1:] if argv is None else argv, environ)
@@ -143,14 +101,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         except TLSConfigError as exc:
             print(f"{PROG}: cannot serve TLS: {exc}", file=sys.stderr)
             return 1
-    try:
-        uvloop.run(serve(settings, reloader, environ))
-    except (ObjectFileError, KubeError, OSError) as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        pass
-    return 0
+    return serving.run(
+        PROG, _serve(settings, reloader, environ), fatal=(ObjectFileError, KubeError, OSError)
+    )
+
+
+async def _serve(
+    settings: ExtenderSettings, reloader: CertReloader | None, environ: Mapping[str, str]
+) -> None:
+    # built inside the loop: a cluster file is loaded here, watches start with the app
+    app = create_app(settings, environ=environ)
+    describe = {
+        "mutual_tls": settings.client_ca is not None,
+        "source": str(settings.cluster_file or settings.kubeconfig or "in-cluster"),
+    }
+    await serving.serve(app, settings.listen_host, settings.port, reloader, describe)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,8 @@ from datetime import datetime
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
-from cluster import logs
+from cluster import logs, serving
 from cluster.cache import AllocationConflict, ClusterCache
 from cluster.clock import Clock, SystemClock
 from cluster.feed import CacheFeed, run_all
@@ -46,7 +45,7 @@ from extender.settings import ExtenderSettings
 log = logging.getLogger(__name__)
 
 JSON = "application/json"
-NOT_READY = 503
+NOT_READY = serving.NOT_READY
 
 
 class Source:
@@ -284,24 +283,6 @@ async def _carry_out(app: web.Application, placement: Placement) -> str:
     return error
 
 
-# ---------------------------------------------------------------- probes
-
-
-async def healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
-
-
-async def readyz(request: web.Request) -> web.Response:
-    if request.app[SOURCE].synced:
-        return web.Response(text="ok")
-    return web.Response(status=NOT_READY, text="cluster cache not synced yet")
-
-
-async def metrics(request: web.Request) -> web.Response:
-    body = request.app[METRICS].exposition()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 # ---------------------------------------------------------------- background work
 
 
@@ -400,7 +381,10 @@ def create_app(
     app.router.add_post("/prioritize", prioritize)
     app.router.add_post("/bind", bind)
     app.router.add_post("/preempt", preempt)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    serving.add_probes(
+        app,
+        ready=lambda: source.synced,
+        not_ready="cluster cache not synced yet",
+        exposition=app[METRICS].exposition,
+    )
     return app

@@ -2,14 +2,13 @@
 
 Layer: ROOT. The only module that reads the environment: every flag has a
 ``TESSERA_WEBHOOK_<FLAG>`` variable. Exits with one line (no traceback) when the
-settings or the certificate files are wrong.
+settings or the certificate files are wrong; stops cleanly on SIGTERM, answering the
+reviews under way.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
 import logging
 import os
 import sys
@@ -17,11 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import uvloop
-from aiohttp import web
 from pydantic import ValidationError
 
-from cluster import logs
+from cluster import logs, serving
 from cluster.cli import env_bool, env_value, one_line
 from cluster.files import ObjectFileError
 from cluster.tls import CertReloader, TLSConfigError
@@ -89,27 +86,6 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> WebhookSe
         parser.exit(2, f"python -m webhook: error: {one_line(exc)}\n")
 
 
-async def serve(
-    settings: WebhookSettings, reloader: CertReloader, environ: Mapping[str, str]
-) -> None:
-    app = create_app(settings, environ=environ)
-    # What is loaded now (a policy file's thousands of queue records, imported modules)
-    # lives as long as the process: keep the collector's full passes from walking it.
-    gc.collect()
-    gc.freeze()
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=reloader.context)
-    await site.start()
-    log.info("serving", extra=logs.fields(host=settings.host, port=settings.port))
-    reload_task = asyncio.create_task(reloader.run())
-    try:
-        await asyncio.Event().wait()
-    finally:
-        reload_task.cancel()
-        await runner.cleanup()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     environ = dict(os.environ)
     settings = parse_settings(sys.argv[1:] if argv is None else argv, environ)
@@ -125,14 +101,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TLSConfigError as exc:
         print(f"python -m webhook: cannot serve TLS: {exc}", file=sys.stderr)
         return 1
-    try:
-        uvloop.run(serve(settings, reloader, environ))
-    except (ObjectFileError, OSError) as exc:
-        print(f"python -m webhook: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        pass
-    return 0
+    return serving.run(
+        "python -m webhook",
+        _serve(settings, reloader, environ),
+        fatal=(ObjectFileError, OSError),
+    )
+
+
+async def _serve(
+    settings: WebhookSettings, reloader: CertReloader, environ: Mapping[str, str]
+) -> None:
+    # built inside the loop: a policy file is read here, Kueue watches start with the app
+    app = create_app(settings, environ=environ)
+    await serving.serve(app, settings.host, settings.port, reloader, {})
 
 
 if __name__ == "__main__":

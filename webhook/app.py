@@ -12,9 +12,8 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
 
-from cluster import jsonio
+from cluster import jsonio, serving
 from cluster.clock import Clock, SystemClock
 from cluster.kube import KubeClient, KubeConfig
 from webhook.metrics import WebhookMetrics
@@ -71,21 +70,6 @@ def mutate_handler(
     return mutate
 
 
-async def healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
-
-
-async def readyz(request: web.Request) -> web.Response:
-    if request.app[STORE].synced:
-        return web.Response(text="ok")
-    return web.Response(status=503, text="queue policy not synced yet")
-
-
-async def metrics(request: web.Request) -> web.Response:
-    body = request.app[METRICS].exposition()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
 async def _watch_kueue(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     if settings.kubeconfig is not None:
@@ -130,7 +114,10 @@ def create_app(
     app.router.add_post(
         "/mutate", mutate_handler(settings, store, app[CONFIG], clock, app[METRICS])
     )
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+    serving.add_probes(
+        app,
+        ready=lambda: store.synced,
+        not_ready="queue policy not synced yet",
+        exposition=app[METRICS].exposition,
+    )
     return app

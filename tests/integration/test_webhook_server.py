@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import signal
 import socket
 import ssl
 import subprocess
@@ -274,8 +275,16 @@ async def test_main_serves_the_policy_file_over_tls(material: Material) -> None:
             status, answer = await server.post(jsonio.dumps(captured_job_review()))
             assert status == 200
             assert answer["response"]["allowed"] is True
+        # Kubernetes stops a pod with SIGTERM: a clean exit, not a traceback
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await process.wait() == 0
     finally:
-        process.terminate()
-        await process.wait()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
         assert process.stderr is not None
-        await process.stderr.read()
+        logged = (await process.stderr.read()).decode()
+    assert "serving" in logged
+    assert "stopping" in logged
+    assert "Traceback" not in logged

@@ -1,0 +1,107 @@
+"""What both servers do around their own routes: the probes, the metrics page, serving
+until SIGTERM, and the process's exit code.
+
+Layer: I/O (sockets, signals, stderr for the one-line start-up failure). Must not decide
+anything, read the environment or hold state between calls: each server's
+``create_app`` and ``__main__`` hand in what differs (readiness, exposition, listen
+address, TLS, the errors that mean "cannot start").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
+
+import uvloop
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from cluster import logs
+from cluster.tls import CertReloader
+
+log = logging.getLogger(__name__)
+
+NOT_READY = 503
+
+
+def add_probes(
+    app: web.Application,
+    *,
+    ready: Callable[[], bool],
+    not_ready: str,
+    exposition: Callable[[], bytes],
+) -> None:
+    """``GET /healthz`` (the process answers), ``/readyz`` (503 with ``not_ready`` until
+    ``ready()``) and ``/metrics`` (Prometheus text from ``exposition()``)."""
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(request: web.Request) -> web.Response:
+        if ready():
+            return web.Response(text="ok")
+        return web.Response(status=NOT_READY, text=not_ready)
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+
+
+async def serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    reloader: CertReloader | None,
+    describe: Mapping[str, object],
+) -> None:
+    """Serve ``app`` (over TLS when ``reloader`` is given, its certificates reloaded as
+    they change) until SIGTERM, then finish the requests under way and return."""
+    # What is loaded by now (a policy or cluster file, imported modules) lives as long as
+    # the process: keep the collector's full passes from walking it on every request.
+    gc.collect()
+    gc.freeze()
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    context = reloader.context if reloader is not None else None
+    site = web.TCPSite(runner, host, port, ssl_context=context)
+    await site.start()
+    bound = runner.addresses[0][1] if runner.addresses else port
+    log.info(
+        "serving", extra=logs.fields(host=host, port=bound, tls=context is not None, **describe)
+    )
+    reload_task = asyncio.create_task(reloader.run()) if reloader is not None else None
+    stop = asyncio.Event()
+    # Kubernetes stops a pod with SIGTERM: answer what is under way, then exit.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    try:
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        if reload_task is not None:
+            reload_task.cancel()
+        await runner.cleanup()
+
+
+def run(
+    prog: str,
+    main: Coroutine[Any, Any, None],
+    fatal: tuple[type[BaseException], ...],
+) -> int:
+    """Run ``main`` on uvloop: 0 when it ends (or on Ctrl-C), 1 with one line on stderr
+    for an error in ``fatal`` (a file that cannot be read, a port in use)."""
+    try:
+        uvloop.run(main)
+    except fatal as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        pass
+    return 0
