@@ -75,7 +75,7 @@ from typing import Any, Final
 
 from cluster import labels
 from cluster.convert import AnnotationError, parse_topology
-from cluster.model import MILLI_PER_GPU, GangId, TopologyMode
+from cluster.model import MILLI_PER_GPU, GangId, TopologyMode, product_matches
 from webhook.patch import Draft, PatchError, clone
 from webhook.queues import (
     ClusterQueue,
@@ -299,13 +299,6 @@ def rule_priority(
 
 
 # ---------------------------------------------------------------- rule 4: flavors
-
-
-def product_matches(accepted: str, product: str) -> bool:
-    """``H100`` matches ``NVIDIA-H100-80GB-HBM3``: consecutive ``-`` parts, any case."""
-    want = accepted.strip().lower().split("-")
-    have = product.strip().lower().split("-")
-    return any(have[i : i + len(want)] == want for i in range(len(have) - len(want) + 1))
 
 
 def _gpu_resources(workload: Workload) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster import labels
-from cluster.model import Taint
+from cluster.model import Taint, product_matches
 from tests.unit.test_webhook_queues import cq_obj, flavor_obj, lq_obj, topology_obj, wpc_obj
 from webhook.patch import Draft, clone, diff
 from webhook.policy import (
@@ -25,7 +25,6 @@ from webhook.policy import (
     check_update,
     gang_id,
     merge_required_affinity,
-    product_matches,
     rule_flavors,
     rule_gang,
     rule_priority,
