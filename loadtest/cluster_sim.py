@@ -178,6 +178,9 @@ class ClusterSim:
         self.setup = kueue.setup_from_objects(policy)
         self.book = kueue.QuotaBook(self.setup)
         self.rooms = {n["metadata"]["name"]: scheduling.node_room(n) for n in nodes}
+        self.room_order = list(self.rooms.values())
+        self.nodes_to_find = scheduling.nodes_to_find(len(self.room_order))
+        self.next_start = 0
         self.unhealthy = {
             n["metadata"]["name"]: {
                 int(i)
@@ -392,7 +395,10 @@ class ClusterSim:
         pod.attempts += 1
         pod.last_attempt_s = self.now_s()
         began = self.clock.monotonic()
-        names = [n for n, room in self.rooms.items() if scheduling.fits(room, pod.needs)]
+        names, looked = scheduling.feasible_nodes(
+            self.room_order, pod.needs, self.next_start, self.nodes_to_find
+        )
+        self.next_start = (self.next_start + looked) % len(self.room_order)
         if not names:
             self._unschedulable(pod, "in-tree: no node has the CPU/memory/GPU count or labels")
             return

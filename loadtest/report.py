@@ -305,7 +305,12 @@ def summary_lines(result: SimResult, data: Mapping[str, Any], placements: int = 
         f"peak {util['peak_pct']:.1f} % ({util['peak_gpus']:.1f} of {result.gpus_total} GPUs)",
     ]
     if result.open_loop:
-        lines += ["", "each verb alone, open loop (latency from the intended send time):"]
+        names = max((int(run.get("names", 0)) for run in result.open_loop.values()), default=0)
+        lines += [
+            "",
+            "each verb alone, open loop (latency from the intended send time; "
+            f"{names:,} candidate nodes per extender call, as kube-scheduler sends them):",
+        ]
         lines.append(
             f"  {'verb':<12}{'rate/s':>8}{'achieved':>9}{'ok':>7}{'errors':>7}"
             + "".join(f" {h:>8}" for h in ("p50 ms", "p90 ms", "p99 ms", "p99.9 ms"))

@@ -210,10 +210,12 @@ async def run(
                 )
                 result = await sim.run()
                 if spec.verb_rate:
+                    # as many candidates as kube-scheduler sends for one pod at this scale
+                    asked = list(sim.rooms)[: sim.nodes_to_find]
                     runs = await verb_rate.run_verbs(
                         targets.webhook.url,
                         targets.extender.url,
-                        list(sim.rooms),
+                        asked,
                         clock,
                         webhook_ssl=targets.webhook.tls,
                         extender_ssl=targets.extender.tls,

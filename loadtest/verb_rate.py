@@ -30,6 +30,8 @@ from loadtest.stats import Summary
 class VerbRun:
     verb: str
     rate: float
+    names: int
+    """Candidate node names per ``/filter`` and ``/prioritize`` (0 for ``/mutate``)."""
     sent: int
     ok: int
     errors: dict[str, int]
@@ -42,6 +44,7 @@ class VerbRun:
     def to_json(self) -> dict[str, Any]:
         return {
             "rate": self.rate,
+            "names": self.names,
             "sent": self.sent,
             "ok": self.ok,
             "errors": self.errors,
@@ -136,6 +139,7 @@ async def run_verbs(
             VerbRun(
                 verb,
                 rate,
+                0 if verb == "mutate" else len(node_names),
                 result.sent,
                 result.ok,
                 dict(result.errors),

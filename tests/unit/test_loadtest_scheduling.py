@@ -125,3 +125,30 @@ def test_ties_are_broken_by_the_callers_choice() -> None:
     assert scheduling.select_host(totals, lambda n: n - 1) == "c"
     assert scheduling.select_host(totals, lambda n: 0) == "b"
     assert scheduling.select_host({}, lambda n: 0) is None
+
+
+@pytest.mark.parametrize(
+    ("nodes", "percentage", "expected"),
+    [
+        (64, 0, 64),  # below 100: every node
+        (100, 0, 100),  # 50 % of 100 is 50, raised to the minimum of 100
+        (1_000, 0, 420),  # 50 - 1000/125 = 42 %
+        (4_278, 0, 684),  # 50 - 34 = 16 %
+        (5_000, 0, 500),  # 50 - 40 = 10 %
+        (10_000, 0, 500),  # 50 - 80 < 5: 5 %
+        (20_000, 0, 1_000),
+        (5_000, 30, 1_500),  # a profile's percentageOfNodesToScore
+        (200, 10, 100),
+    ],
+)
+def test_kube_scheduler_stops_after_enough_feasible_nodes(
+    nodes: int, percentage: int, expected: int
+) -> None:
+    assert scheduling.nodes_to_find(nodes, percentage) == expected
+
+
+def test_the_feasible_search_goes_round_from_its_start_and_counts_what_it_looked_at() -> None:
+    rooms = [node(f"n{i}", gpus=8 if i % 2 else 0) for i in range(6)]  # odd nodes have GPUs
+    assert scheduling.feasible_nodes(rooms, pod(), start=4, limit=2) == (["n5", "n1"], 4)
+    assert scheduling.feasible_nodes(rooms, pod(), start=0, limit=10) == (["n1", "n3", "n5"], 6)
+    assert scheduling.feasible_nodes(rooms, pod(gpus=16), start=2, limit=3) == ([], 6)
