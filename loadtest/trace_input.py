@@ -33,6 +33,7 @@ from loadtest.traces import TraceNode, TracePod, node_object
 
 Obj = dict[str, Any]
 COHORT = "gpu-pool"
+TOPOLOGY = "gpu-topology"
 
 
 def trace_nodes(nodes: Sequence[TraceNode]) -> list[Obj]:
@@ -62,15 +63,29 @@ def trace_policy(
             capacity[node.model] = capacity.get(node.model, 0) + node.gpus
     first = [m for m in model_order or () if m in capacity]
     models = first + sorted(set(capacity) - set(first))
-    policy: list[Obj] = [
+    # the racks and blocks the nodes are given (trace_nodes), so that gangs may ask for them
+    topology: Obj = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Topology",
+        "metadata": {"name": TOPOLOGY},
+        "spec": {
+            "levels": [
+                {"nodeLabel": BLOCK_LABEL},
+                {"nodeLabel": RACK_LABEL},
+                {"nodeLabel": labels.HOSTNAME},
+            ]
+        },
+    }
+    policy: list[Obj] = [topology]
+    policy.extend(
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "ResourceFlavor",
             "metadata": {"name": flavor_name(m)},
-            "spec": {"nodeLabels": {labels.GFD_PRODUCT: m}},
+            "spec": {"nodeLabels": {labels.GFD_PRODUCT: m}, "topologyName": TOPOLOGY},
         }
         for m in models
-    ]
+    )
     policy.extend(priority_classes)
     for team in TEAMS:
         cq_name = team.namespace.removeprefix("team-")

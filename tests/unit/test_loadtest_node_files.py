@@ -13,15 +13,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster import labels
+from cluster import jsonio, labels
 from cluster.cache import ClusterCache
 from cluster.clock import ManualClock
 from cluster.feed import CacheFeed
 from cluster.model import NodeName
-from loadtest import demo, node_files, scenario
+from loadtest import demo, fleet, node_files, objects, scenario
 from loadtest.__main__ import _nodes, _spec, main
 from loadtest.fleet import BLOCK_LABEL, RACK_LABEL
 from loadtest.traces import DEFAULT_DATA_DIR, SPOT, TraceNode
+from webhook.policy import AdmitConfig, Allowed, admit
+from webhook.queues import policy_from_objects
+from webhook.review import decode_review
 
 LEVELS = (BLOCK_LABEL, RACK_LABEL, labels.HOSTNAME)
 SPOT_FILE = DEFAULT_DATA_DIR / SPOT / "node_info_df.csv"
@@ -204,3 +207,15 @@ def test_node_limit_takes_the_first_nodes_of_the_file() -> None:
         "spot-node-00001",
     ]
     assert len(prepared.nodes) == 64
+
+
+def test_the_webhook_admits_the_streams_rack_gangs_on_a_node_list() -> None:
+    # The synthetic racks are in a Topology the flavors name, so a required:rack gang is
+    # admitted, and its pods are told which models' nodes they may use.
+    policy = policy_from_objects(node_files.fleet_policy(MIXED, scenario.example_policy()))
+    job = fleet.job_object("gang", fleet.TEAMS[0], pods=2, gpus=4, topology="required:rack")
+    request = decode_review(jsonio.dumps(objects.admission_review(job, "uid-gang")))
+    decision = admit(request, policy, AdmitConfig())
+    assert isinstance(decision, Allowed), decision
+    template = decision.object["spec"]["template"]
+    assert template["metadata"]["annotations"][labels.TOPOLOGY] == "required:rack"
