@@ -52,7 +52,6 @@ import os
 import pstats
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -80,6 +79,14 @@ from loadtest.openloop import (
     Send,
     run_open_loop,
 )
+from loadtest.pinned import (
+    ROOT,
+    Pinned,
+    free_port,
+    proc_cpu_s,
+    proc_memory,
+    set_priority,
+)
 from loadtest.stats import Summary
 from webhook.patch import diff
 from webhook.policy import AdmitConfig, Allowed, admit
@@ -87,7 +94,6 @@ from webhook.review import decode_review, encode_response
 from webhook.review_flow import review
 from webhook.source import PolicyStore
 
-ROOT: Final = Path(__file__).resolve().parents[1]
 DEFAULT_CAPTURES: Final = ROOT.parent / "shared" / "captures"
 CAPTURED_JOB: Final = "000-webhook-mutate-request.json"
 CAPTURED_NAMESPACE: Final = "team-nlp"
@@ -364,23 +370,6 @@ def check_answer(status: int, body: bytes, uid: str) -> dict[str, Any]:
 # ---------------------------------------------------------------- /proc
 
 
-def proc_memory(pid: int) -> dict[str, int]:
-    """``VmRSS`` and ``VmHWM`` (peak RSS) of a process, in bytes."""
-    found: dict[str, int] = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            found[name] = int(value.split()[0]) * 1024
-    return found
-
-
-def proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds a process has used."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def own_cpu_s() -> float:
     times = os.times()
     return times.user + times.system
@@ -389,86 +378,17 @@ def own_cpu_s() -> float:
 # ---------------------------------------------------------------- servers
 
 
-PIN_AND_RUN: Final = (
-    "import os, runpy, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); "
-    "module = sys.argv[2]; sys.argv = [module, *sys.argv[3:]]; "
-    "runpy.run_module(module, run_name='__main__', alter_sys=True)"
-)
-"""``python -m MODULE ARGS`` on one CPU, pinned before anything is imported (what
-``taskset -c CPU`` does, without needing util-linux)."""
-
-
 @dataclass(slots=True)
-class Server:
-    name: str
-    module: str
-    args: list[str]
-    port: int
-    core: int
-    log_path: Path
-    nice: int = 0
-    process: subprocess.Popen[bytes] | None = None
+class Server(Pinned):
+    """One of the two servers, and what the benchmark learns of it besides latency."""
+
     memory: dict[str, dict[str, int]] = field(default_factory=dict)
     """Named moments (``idle``, ``warm``, ``end``) → VmRSS/VmHWM."""
     first_review_s: float = 0.0
     patch_ops: int = 0
 
-    @property
-    def pid(self) -> int:
-        assert self.process is not None
-        return self.process.pid
-
-    @property
-    def command(self) -> str:
-        return f"python -m {self.module} " + " ".join(self.args)
-
-    def start(self, stack: ExitStack) -> None:
-        log = stack.enter_context(self.log_path.open("wb"))
-        self.process = subprocess.Popen(  # noqa: S603 - our interpreter, our arguments
-            [sys.executable, "-c", PIN_AND_RUN, str(self.core), self.module, *self.args],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # a scheduler autogroup of its own, see set_priority
-        )
-        stack.callback(self.stop)
-        if self.nice:
-            set_priority(self.process.pid, self.nice)
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    def log_tail(self, lines: int = 20) -> str:
-        text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(text[-lines:])
-
     def note_memory(self, moment: str) -> None:
         self.memory[moment] = proc_memory(self.pid)
-
-
-def set_priority(pid: int, nice: int) -> None:
-    """Give a process (the leader of its own session) niceness ``nice``. Where the kernel
-    groups processes by session ("autogroup") it shares the CPU between sessions before
-    it looks at a process's niceness, so the session's group gets it too."""
-    os.setpriority(os.PRIO_PROCESS, pid, nice)
-    autogroup = Path(f"/proc/{pid}/autogroup")
-    if autogroup.exists():
-        autogroup.write_text(str(nice))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def _probe(
@@ -1319,20 +1239,20 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> R
                         "--policy-file",
                         str(policy_path),
                     ],
-                    port,
                     args.server_core,
                     tmp / f"{name}.log",
                     args.nice,
+                    port,
                 )
             else:
                 server = Server(
                     name,
                     "loadtest.baseline_webhook",
                     ["--host", "127.0.0.1", "--port", str(port), *tls],
-                    port,
                     args.server_core,
                     tmp / f"{name}.log",
                     args.nice,
+                    port,
                 )
             server.start(stack)
             report.servers[name] = server

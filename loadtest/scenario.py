@@ -25,8 +25,8 @@ from cluster.kube import KubeConfig
 from loadtest import fleet as fleet_mod
 from loadtest import node_files, trace_input, traces, verb_rate
 from loadtest.apiserver import NODES, MiniApiServer
-from loadtest.bench_webhook import ROOT
 from loadtest.cluster_sim import ClusterSim, SimResult
+from loadtest.pinned import ROOT
 from loadtest.remote_pods import RemoteClusterError, RemotePods
 from loadtest.targets import local_servers, remote, write_objects
 

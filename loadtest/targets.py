@@ -26,7 +26,8 @@ import aiohttp
 from cluster import jsonio
 from cluster.clock import Clock
 from cluster.tls import client_context
-from loadtest.bench_webhook import ROOT, free_port, make_certs, proc_memory
+from loadtest.bench_webhook import make_certs
+from loadtest.pinned import ROOT, free_port, proc_memory
 
 
 class TargetError(Exception):
