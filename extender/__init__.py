@@ -1,1 +1,8 @@
-"""The GPU-topology-aware kube-scheduler extender (see DESIGN.md): filter, score, bind."""
+"""The GPU-topology-aware kube-scheduler extender (see DESIGN.md): filter, score, bind.
+
+Layers: ``config``, ``plugins`` and ``decide`` are PURE (frozen data in, verdicts and
+scores out); ``wire`` is the EDGE (the ``extender/v1`` JSON shapes, validated once);
+``verbs`` joins them per endpoint without I/O; ``binder`` and ``metrics`` are I/O; ``app``
+and ``__main__`` are the ROOT. Stands on ``cluster``; imports neither the webhook nor
+the load test.
+"""
