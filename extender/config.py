@@ -44,10 +44,12 @@ class ScoringWeights:
 
     packing: float = 10.0
     """Fragmentation-aware packing (FGD): keep what is free usable by the expected pods."""
-    island_fit: float = 0.2
+    island_fit: float = 0.0
     """Best fit inside the node: the tightest NVLink island, or the tightest shared GPU.
-    Small by default: packing already sees islands, and its differences are fractions
-    of a point that a larger weight here would drown; this breaks its ties."""
+    Off by default: packing already sees islands (a whole-free GPU in an island too
+    small for a pod size is a fragment) and ``choose_gpus`` takes the tightest island
+    or GPU inside the node; on the openb traces even a weight of 0.2 against packing's
+    10 cost up to 0.3 points of allocation by overruling packing's near-ties."""
     gang_locality: float = 5.0
     """Members of one gang close together (``preferred:<level>``, then any level)."""
 
@@ -63,21 +65,34 @@ class ScoringWeights:
 
 @dataclass(frozen=True, slots=True)
 class MixEntry:
-    """A pod size the cluster expects, and how often: ``gpus`` whole GPUs or a share,
-    with the CPU it asks for (a node without that much CPU cannot use its GPUs)."""
+    """A pod size the cluster expects, and how often: ``gpus`` whole GPUs, a share of
+    ``gpu_milli``, or neither (a pod without GPUs), with the CPU it asks for (a node
+    without that much CPU cannot use its GPUs) and the GPU products it accepts (empty:
+    any)."""
 
     gpus: int = 0
     gpu_milli: int = 0
     weight: float = 1.0
     cpu_milli: int = 0
+    products: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         whole, share = self.gpus > 0, 0 < self.gpu_milli < MILLI_PER_GPU
-        if whole == share or self.gpus < 0 or self.weight <= 0 or self.cpu_milli < 0:
+        if (
+            (whole and share)
+            or self.gpus < 0
+            or (self.gpu_milli and not share)
+            or self.weight <= 0
+            or self.cpu_milli < 0
+        ):
             raise ValueError(
-                f"a pod size is whole GPUs or one share of 1-999 milli, "
+                f"a pod size is whole GPUs, one share of 1-999 milli or no GPU, "
                 f"with a positive weight and no negative CPU: {self!r}"
             )
+
+    @property
+    def uses_gpus(self) -> bool:
+        return self.gpus > 0 or self.gpu_milli > 0
 
 
 DEFAULT_POD_MIX: tuple[MixEntry, ...] = (
@@ -90,30 +105,49 @@ DEFAULT_POD_MIX: tuple[MixEntry, ...] = (
 )
 """Used until a real mix is known: mostly single GPUs and halves, some large jobs."""
 
+MIX_COVERAGE = 0.95
+"""The share of a workload's pods that its pod mix covers (FGD's "typical pods")."""
 
-def mix_from_demands(demands: Iterable[PodDemand], max_entries: int = 32) -> tuple[MixEntry, ...]:
-    """The pod mix of a workload (FGD's "typical pods"): its most frequent pod shapes.
 
-    Shares are rounded to 10 milli and CPU to whole cores, so that a workload of many
-    near-equal pods yields a few dozen entries (on the Alibaba openb traces the 32 most
-    frequent cover 97 % of GPU pods). Pods without GPUs are left out: they cannot use
-    any. An empty workload gives ``DEFAULT_POD_MIX``.
+def mix_from_demands(
+    demands: Iterable[PodDemand], coverage: float = MIX_COVERAGE
+) -> tuple[MixEntry, ...]:
+    """The pod mix of a workload (FGD's "typical pods"): its most frequent pod shapes
+    (GPUs, share, CPU, accepted products) that together cover ``coverage`` of its pods,
+    each weighted by how often it occurs.
+
+    Shapes are kept exact: a share of 470 and one of 460 leave different fragments.
+    Pods without GPUs are part of the mix: they use none of a node's free GPU capacity,
+    so their weight is the chance that the next pod leaves it all unused. An empty
+    workload, or one without GPU pods, gives ``DEFAULT_POD_MIX``.
     """
-    counts: dict[tuple[int, int, int], int] = {}
+    if not 0.0 < coverage <= 1.0:
+        raise ValueError(f"the pod mix covers a share of the pods in (0, 1], not {coverage}")
+    counts: dict[tuple[int, int, int, tuple[str, ...]], int] = {}
+    total = 0
     for demand in demands:
-        cpu = max(0, round(demand.cpu_milli, -3))
+        cpu = max(0, demand.cpu_milli)
         if demand.gpus > 0:
-            shape = (demand.gpus, 0, cpu)
+            shape = (demand.gpus, 0, cpu, demand.products)
         elif 0 < demand.gpu_milli < MILLI_PER_GPU:
-            shape = (0, min(MILLI_PER_GPU - 1, max(10, round(demand.gpu_milli, -1))), cpu)
+            shape = (0, demand.gpu_milli, cpu, demand.products)
         else:
-            continue
+            shape = (0, 0, cpu, ())
         counts[shape] = counts.get(shape, 0) + 1
-    if not counts:
+        total += 1
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    kept: list[tuple[tuple[int, int, int, tuple[str, ...]], int]] = []
+    covered = 0
+    for shape, n in ranked:
+        if covered >= coverage * total:
+            break
+        kept.append((shape, n))
+        covered += n
+    if not any(g or m for (g, m, _, _), _ in kept):
         return DEFAULT_POD_MIX
-    top = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:max_entries]
     return tuple(
-        MixEntry(gpus=g, gpu_milli=m, weight=float(n), cpu_milli=c) for (g, m, c), n in sorted(top)
+        MixEntry(gpus=g, gpu_milli=m, weight=float(n), cpu_milli=c, products=p)
+        for (g, m, c, p), n in sorted(kept)
     )
 
 
@@ -128,6 +162,11 @@ class ExtenderConfig:
     """A whole-GPU pod that fits in one NVLink island must get one island. False makes
     it a preference (scored by island fit) instead of a filter."""
     pod_mix: tuple[MixEntry, ...] = DEFAULT_POD_MIX
+    cpu_stranding: float = 0.5
+    """How much of a GPU that the node's CPU can no longer serve counts as a fragment
+    for a pod size: a node that holds three 11-core pods by CPU leaves its fourth free
+    GPU to pods that ask for less CPU, so that GPU is half lost (0: only a node without
+    CPU for even one such pod loses its GPUs, FGD's measure; 1: the GPU is lost)."""
     normalize_scores: bool = True
     """Spread ``/prioritize`` answers over 1-10 across the candidates (best = 10): the
     wire's eleven values are too coarse to carry fragmentation differences otherwise."""
@@ -137,8 +176,10 @@ class ExtenderConfig:
         labels = [level.node_label for level in self.levels]
         if len(set(names)) != len(names) or len(set(labels)) != len(labels):
             raise ValueError(f"topology levels must have distinct names and labels: {names}")
-        if not self.pod_mix:
-            raise ValueError("the pod mix needs at least one pod size")
+        if not any(entry.uses_gpus for entry in self.pod_mix):
+            raise ValueError("the pod mix needs at least one pod size with GPUs")
+        if not 0.0 <= self.cpu_stranding <= 1.0:
+            raise ValueError(f"cpu_stranding is in 0..1, not {self.cpu_stranding}")
 
     @property
     def level_labels(self) -> tuple[str, ...]:

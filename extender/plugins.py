@@ -646,15 +646,19 @@ def fragmentation(
     mix: tuple[MixEntry, ...],
     islands_required: bool,
     cpu_free: int | None = None,
+    cpu_stranding: float = 0.0,
 ) -> float:
     """Free milli-GPUs of ``node`` that the expected pods could not use, averaged over the
-    mix by weight: the FGD measure (Weng et al., ATC'23), with NVLink islands.
+    mix by weight: the FGD measure (Weng et al., ATC'23), with NVLink islands and CPU.
 
     For a share of ``m``: GPUs with less than ``m`` free are fragments. For ``k`` whole
     GPUs: partly used GPUs are fragments, and so are whole-free GPUs in islands with
     fewer than ``k`` free when ``k`` must fit in one island. A pod size the node cannot
-    take at all (too few GPUs, or, when ``cpu_free`` is known, too little CPU) leaves
-    every free milli a fragment.
+    take at all (a product it does not accept, too few GPUs, or, when ``cpu_free`` is
+    known, too little CPU) leaves every free milli a fragment; so does a pod without
+    GPUs. When the CPU holds fewer pods of a size than its usable GPUs would, the GPUs
+    it cannot serve (those with the least free) count ``cpu_stranding`` of their free
+    milli as fragments.
     """
     frees = sorted(gpu.free_milli for gpu in node.gpus if gpu.healthy)
     total = sum(frees)
@@ -673,13 +677,29 @@ def fragmentation(
     for free in frees:
         prefix.append(prefix[-1] + free)
     usable_for: dict[int, int] = {}
+    accepts: dict[tuple[str, ...], bool] = {}
     weighted = 0.0
     weights = 0.0
     for entry in mix:
         weights += entry.weight
-        if cpu_free is not None and entry.cpu_milli > cpu_free:
+        if not entry.uses_gpus or (cpu_free is not None and entry.cpu_milli > cpu_free):
             weighted += entry.weight * total
             continue
+        if entry.products:
+            ok = accepts.get(entry.products)
+            if ok is None:
+                ok = accepts[entry.products] = any(
+                    product_matches(p, node.product) for p in entry.products
+                )
+            if not ok:
+                weighted += entry.weight * total
+                continue
+        # pods of this size the CPU can still hold (only the GPU count limits without CPU)
+        by_cpu = (
+            cpu_free // entry.cpu_milli
+            if cpu_stranding and cpu_free is not None and entry.cpu_milli
+            else len(frees)
+        )
         if entry.gpus > 0:
             k = entry.gpus
             usable = usable_for.get(k)
@@ -689,10 +709,20 @@ def fragmentation(
                 else:
                     usable = whole_total if whole_total >= k else 0
                 usable_for[k] = usable
-            frag = total - usable * MILLI_PER_GPU if usable else total
+            if not usable:
+                frag: float = total
+            else:
+                served = min(usable, by_cpu * k)
+                frag = total - usable * MILLI_PER_GPU
+                frag += cpu_stranding * (usable - served) * MILLI_PER_GPU
         else:
             m = entry.gpu_milli
-            frag = total if largest_free < m else prefix[bisect.bisect_left(frees, m)]
+            if largest_free < m:
+                frag = total
+            else:
+                first = bisect.bisect_left(frees, m)
+                unserved = max(0, len(frees) - first - by_cpu)
+                frag = prefix[first] + cpu_stranding * (prefix[first + unserved] - prefix[first])
         weighted += entry.weight * frag
     return weighted / weights
 
@@ -710,13 +740,14 @@ def _packing(ctx: PodContext, node: NodeState, choice: tuple[int, ...] | None) -
     cpu = node.cpu_milli if node.cpu_milli > 0 else None
     if not choice and (cpu is None or not ctx.demand.cpu_milli):
         return NEUTRAL_SCORE
-    mix, islands_required = ctx.config.pod_mix, ctx.config.islands_required
+    config = ctx.config
+    mix, islands, stranding = config.pod_mix, config.islands_required, config.cpu_stranding
     after = node
     if choice:
         after = apply_allocation(node, Allocation(node.name, choice, ctx.demand.milli_per_gpu), 1)
     cpu_after = None if cpu is None else max(0, cpu - ctx.demand.cpu_milli)
-    before = fragmentation(node, mix, islands_required, cpu)
-    delta = fragmentation(after, mix, islands_required, cpu_after) - before
+    before = fragmentation(node, mix, islands, cpu, stranding)
+    delta = fragmentation(after, mix, islands, cpu_after, stranding) - before
     # a logistic curve: monotonic everywhere, so no two deltas collapse at a clamp
     exponent = max(-50.0, min(50.0, delta / _FRAG_SCALE_MILLI))
     return MAX_SCORE / (1.0 + math.exp(exponent))
@@ -803,7 +834,8 @@ SCORERS: Final[Mapping[str, Scorer]] = MappingProxyType(
 
 
 def score_node(ctx: PodContext, node: NodeState) -> float:
-    """The weighted mean of the scorers, 0..10; 0 where the pod has no GPUs to take.
+    """The weighted mean of the scorers that judge the pod (``applied_weight``), 0..10;
+    0 where the pod has no GPUs to take.
 
     Meant for nodes that passed the filters; the GPUs are chosen once and every scorer
     judges that same choice, the one bind will make.
@@ -817,7 +849,7 @@ def score_key(ctx: PodContext) -> str:
     d, config = ctx.demand, ctx.config
     return (
         f"s|{d.gpus}|{d.gpu_milli}|{d.cpu_milli}|{config.islands_required}|"
-        f"{config.weights!r}|{config.pod_mix!r}"
+        f"{config.cpu_stranding}|{config.weights!r}|{config.pod_mix!r}"
     )
 
 
@@ -847,9 +879,18 @@ def score_node_keyed(ctx: PodContext, node: NodeState, key: str) -> float:
     if total is None:
         return 0.0
     weights = ctx.config.weights
-    if weights.gang_locality:
+    if weights.gang_locality and ctx.gang is not None:
         total += weights.gang_locality * score_gang_locality(ctx, node)
-    return clamp_score(total / weights.total)
+    scale = applied_weight(ctx)
+    return clamp_score(total / scale) if scale else 0.0
+
+
+def applied_weight(ctx: PodContext) -> float:
+    """The weights of the scorers that judge this pod: gang locality only judges gang
+    members. A weighted mean over these alone keeps the full 0..10 for every pod (a
+    scorer that answers 0 everywhere would squeeze the others into a part of it)."""
+    weights = ctx.config.weights
+    return weights.total if ctx.gang is not None else weights.packing + weights.island_fit
 
 
 def clamp_score(score: float) -> float:

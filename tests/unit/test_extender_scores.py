@@ -6,6 +6,7 @@ say "this node scores above that one" for a reason a cluster admin would recogni
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -43,6 +44,8 @@ from tests.unit.test_extender_builders import (
 ONE = (MixEntry(gpus=1),)
 FOUR = (MixEntry(gpus=4),)
 HALF = (MixEntry(gpu_milli=500),)
+ONE_10C = (MixEntry(gpus=1, cpu_milli=10_000),)
+HALF_10C = (MixEntry(gpu_milli=500, cpu_milli=10_000),)
 
 
 # ---------------------------------------------------------------- fragmentation (FGD)
@@ -94,21 +97,95 @@ def test_packing_keeps_cpu_next_to_free_gpus() -> None:
     assert score_packing(ctx, no_gpus_left) > score_packing(ctx, gpus_left)
 
 
+@pytest.mark.parametrize(
+    ("cpu_free", "stranding", "mix", "expected"),
+    [
+        # 4 free GPUs, pods of 1 GPU and 10 cores: 25 cores serve 2 of them
+        pytest.param(40_000, 0.5, ONE_10C, 0, id="cpu-for-every-gpu"),
+        pytest.param(25_000, 0.0, ONE_10C, 0, id="fgd-ignores-cpu-for-two"),
+        pytest.param(25_000, 0.5, ONE_10C, 1000, id="two-gpus-half-lost"),
+        pytest.param(25_000, 1.0, ONE_10C, 2000, id="two-gpus-lost"),
+        pytest.param(5_000, 0.5, ONE_10C, 4000, id="no-cpu-for-one-loses-all"),
+        # GPUs free 300/1000/600/500, shares of 500 with 10 cores: 25 cores serve two
+        # GPUs, the one left over is the least free (500); 300 is a fragment anyway
+        pytest.param(25_000, 0.5, HALF_10C, 300 + 0.5 * 500, id="shares-strand-least-free"),
+        pytest.param(25_000, 0.0, HALF_10C, 300, id="shares-fgd"),
+        pytest.param(None, 1.0, HALF_10C, 300, id="cpu-unknown-strands-nothing"),
+    ],
+)
+def test_fragmentation_counts_gpus_the_cpu_cannot_serve(
+    cpu_free: int | None, stranding: float, mix: tuple[MixEntry, ...], expected: float
+) -> None:
+    layout = "...." if mix is ONE_10C else "3.65"
+    frag = fragmentation(node(layout), mix, True, cpu_free, stranding)
+    assert frag == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("mix", "expected"),
+    [
+        pytest.param((MixEntry(gpus=1, products=("A100",)),), 4000, id="other-product"),
+        pytest.param((MixEntry(gpus=1, products=("A100", "H100")),), 0, id="accepted"),
+        pytest.param((MixEntry(cpu_milli=4000),), 4000, id="no-gpu-pod-uses-none"),
+        pytest.param(
+            (MixEntry(gpus=1, weight=3), MixEntry(cpu_milli=4000)), 1000, id="weighted-in"
+        ),
+    ],
+)
+def test_fragmentation_by_product_and_for_pods_without_gpus(
+    mix: tuple[MixEntry, ...], expected: float
+) -> None:
+    assert fragmentation(node("...."), mix, True) == pytest.approx(expected)
+
+
+def test_packing_avoids_stranding_gpus_for_lack_of_cpu() -> None:
+    """A CPU-only pod goes where its cores leave every free GPU its 10 cores."""
+    config = ExtenderConfig(levels=CONFIG.levels, pod_mix=ONE_10C)
+    ctx = context(PodDemand(cpu_milli=10_000), config=config)
+    tight = replace(node("##.. ####"), cpu_milli=25_000)  # 2 free GPUs, 25 cores
+    roomy = replace(node("##.. ####", "roomy"), cpu_milli=40_000)
+    assert score_packing(ctx, roomy) > score_packing(ctx, tight)
+    fgd = replace(config, cpu_stranding=0.0)
+    ctx = context(PodDemand(cpu_milli=10_000), config=fgd)
+    assert score_packing(ctx, roomy) == score_packing(ctx, tight)
+
+
 def test_mix_from_demands_keeps_the_frequent_shapes() -> None:
     demands = [
-        PodDemand(gpus=1, cpu_milli=11_200),
-        PodDemand(gpus=1, cpu_milli=10_800),
-        PodDemand(gpu_milli=473, cpu_milli=3000),
-        PodDemand(gpu_milli=470),
-        PodDemand(cpu_milli=4000),
-        PodDemand(gpus=8),
+        *[PodDemand(gpus=1, cpu_milli=11_300)] * 4,
+        *[PodDemand(gpu_milli=470, cpu_milli=3000)] * 3,
+        *[PodDemand(cpu_milli=4000)] * 2,
+        PodDemand(gpu_milli=473, cpu_milli=3000, products=("T4",)),
     ]
-    assert mix_from_demands(demands, max_entries=3) == (
-        MixEntry(gpu_milli=470, weight=1.0, cpu_milli=0),
-        MixEntry(gpu_milli=470, weight=1.0, cpu_milli=3000),
-        MixEntry(gpus=1, weight=2.0, cpu_milli=11_000),
+    # 90 % of the pods: the three most frequent shapes, exact, CPU-only ones included
+    assert mix_from_demands(demands, coverage=0.9) == (
+        MixEntry(weight=2.0, cpu_milli=4000),
+        MixEntry(gpu_milli=470, weight=3.0, cpu_milli=3000),
+        MixEntry(gpus=1, weight=4.0, cpu_milli=11_300),
     )
+    assert MixEntry(gpu_milli=473, cpu_milli=3000, products=("T4",)) in mix_from_demands(demands)
     assert mix_from_demands([PodDemand()]) == DEFAULT_POD_MIX
+    assert mix_from_demands([]) == DEFAULT_POD_MIX
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        pytest.param(lambda: MixEntry(gpus=1, gpu_milli=500), "whole GPUs", id="both"),
+        pytest.param(lambda: MixEntry(gpu_milli=1000), "whole GPUs", id="share-of-1000"),
+        pytest.param(lambda: MixEntry(gpus=1, weight=0), "positive weight", id="no-weight"),
+        pytest.param(
+            lambda: ExtenderConfig(pod_mix=(MixEntry(cpu_milli=1000),)),
+            "with GPUs",
+            id="mix-without-gpus",
+        ),
+        pytest.param(lambda: ExtenderConfig(cpu_stranding=1.5), "0..1", id="stranding"),
+        pytest.param(lambda: mix_from_demands([], coverage=0), "share", id="coverage"),
+    ],
+)
+def test_invalid_mix_and_config_are_refused(build: Callable[[], object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
 
 
 def scores(
@@ -245,6 +322,32 @@ def test_combined_score_stays_within_0_and_10(weights: ScoringWeights) -> None:
         for want in (demand(1), demand(milli=500), member()):
             score = score_node(context(want, config=config), node(layout))
             assert 0.0 <= score <= MAX_SCORE
+
+
+@pytest.mark.parametrize(
+    ("want", "weights"),
+    [
+        pytest.param(demand(1), ScoringWeights(), id="packing-alone"),
+        pytest.param(demand(1), ScoringWeights(island_fit=5), id="packing-and-island"),
+        pytest.param(member(), ScoringWeights(island_fit=5), id="gang-member"),
+    ],
+)
+def test_combined_score_is_the_mean_of_the_scorers_that_judge_the_pod(
+    want: PodDemand, weights: ScoringWeights
+) -> None:
+    """Gang locality does not judge a pod outside a gang: it does not pull its score
+    towards 0 (which would leave packing a third of the range to rank nodes in)."""
+    config = ExtenderConfig(levels=CONFIG.levels, weights=weights)
+    ctx = context(want, config=config)
+    n = node("#... ....")
+    parts = [
+        (weights.packing, score_packing(ctx, n)),
+        (weights.island_fit, score_island_fit(ctx, n)),
+    ]
+    if want.gang is not None:
+        parts.append((weights.gang_locality, score_gang_locality(ctx, n)))
+    expected = sum(w * v for w, v in parts) / sum(w for w, _ in parts)
+    assert score_node(ctx, n) == pytest.approx(expected)
 
 
 def test_weights_choose_which_scorer_decides() -> None:
