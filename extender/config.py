@@ -170,8 +170,17 @@ class ExtenderConfig:
     normalize_scores: bool = True
     """Spread ``/prioritize`` answers over 1-10 across the candidates (best = 10): the
     wire's eleven values are too coarse to carry fragmentation differences otherwise."""
+    scoring_key: str = field(init=False, repr=False, compare=False)
+    """What the node-only scorers read of this config, as text: part of the key nodes
+    memoize scores under. Made once here; formatting a mix of dozens of pod sizes on
+    every request would cost more than the memo saves."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "scoring_key",
+            f"{self.islands_required}|{self.cpu_stranding}|{self.weights!r}|{self.pod_mix!r}",
+        )
         names = [level.name for level in self.levels]
         labels = [level.node_label for level in self.levels]
         if len(set(names)) != len(names) or len(set(labels)) != len(labels):

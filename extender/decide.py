@@ -46,18 +46,25 @@ from extender.plugins import (
     MAX_SCORE,
     PodContext,
     Unfit,
+    applied_weight,
     build_context,
     choose_gpus,
+    clamp_score,
     filter_key,
     run_filters,
     run_filters_keyed,
     score_key,
     score_node_keyed,
+    static_score,
 )
 
 SUBSETS_TRIED: Final = 4096
 """Victim subsets ``preempt`` tries for the smallest one before it settles for a
 minimal one (no victim can be spared) found greedily."""
+
+
+_UNSCORED: Final = object()
+"""Not in a node's memo yet (``None`` there means: no GPUs can be chosen)."""
 
 
 def _not_cached(name: str) -> str:
@@ -136,24 +143,33 @@ def score_nodes(
     ctx = build_context(snapshot, pod, config, now)
     fkey, skey = filter_key(ctx), score_key(ctx)
     plain = ctx.gang is None
+    scale = applied_weight(ctx)
     nodes = snapshot.nodes
-    # Each node keeps the node-only part of its score in its memo (``score_node_keyed``),
-    # so a node unchanged since an earlier request with a pod of this shape costs a look-up.
+    # Each node keeps the node-only part of its score in its memo (``static_score``), so
+    # a node unchanged since an earlier request with a pod of this shape costs a look-up;
+    # outside a gang that part is the whole score (``score_node_keyed`` spelled out).
     scored: list[tuple[NodeName, float | None]] = []
     for name in cast("Iterable[NodeName]", node_names):
         node = nodes.get(name)
         if node is None:
             scored.append((name, None))
             continue
-        known = node.memo.get(fkey)
+        memo = node.memo
+        known = memo.get(fkey)
         if known is not None and plain and node.drain_after is None:
             verdict = known[0]
         else:
             verdict = run_filters_keyed(ctx, node, fkey)
         if verdict is not FIT:
             scored.append((name, None))
-            continue
-        scored.append((name, score_node_keyed(ctx, node, skey)))
+        elif plain:
+            static = memo.get(skey, _UNSCORED)
+            if static is _UNSCORED:
+                static = static_score(ctx, node, skey)
+            score = 0.0 if static is None or not scale else clamp_score(static / scale)
+            scored.append((name, score))
+        else:
+            scored.append((name, score_node_keyed(ctx, node, skey)))
     return scored
 
 

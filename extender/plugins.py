@@ -846,14 +846,11 @@ def score_node(ctx: PodContext, node: NodeState) -> float:
 def score_key(ctx: PodContext) -> str:
     """What the node-only scorers (packing, island fit) read of the pod and the config:
     nodes memoize their part of the score under it."""
-    d, config = ctx.demand, ctx.config
-    return (
-        f"s|{d.gpus}|{d.gpu_milli}|{d.cpu_milli}|{config.islands_required}|"
-        f"{config.cpu_stranding}|{config.weights!r}|{config.pod_mix!r}"
-    )
+    d = ctx.demand
+    return f"s|{d.gpus}|{d.gpu_milli}|{d.cpu_milli}|{ctx.config.scoring_key}"
 
 
-def _static_score(ctx: PodContext, node: NodeState, key: str) -> float | None:
+def static_score(ctx: PodContext, node: NodeState, key: str) -> float | None:
     """Packing and island fit, weighted and summed (None: no GPUs can be chosen)."""
     memo = node.memo
     if key in memo:
@@ -875,7 +872,7 @@ def _static_score(ctx: PodContext, node: NodeState, key: str) -> float | None:
 def score_node_keyed(ctx: PodContext, node: NodeState, key: str) -> float:
     """``score_node`` with ``key = score_key(ctx)`` computed by the caller; the node keeps
     its packing and island-fit part in its memo, gang locality is scored every time."""
-    total = _static_score(ctx, node, key)
+    total = static_score(ctx, node, key)
     if total is None:
         return 0.0
     weights = ctx.config.weights
