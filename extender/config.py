@@ -7,8 +7,10 @@ own. Invalid values raise ``ValueError`` at construction, so a decision never me
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from cluster.labels import HOSTNAME
 from cluster.model import MILLI_PER_GPU, PodDemand
@@ -109,6 +111,32 @@ MIX_COVERAGE = 0.95
 """The share of a workload's pods that its pod mix covers (FGD's "typical pods")."""
 
 
+PodShape = tuple[int, int, int, tuple[str, ...]]
+"""A pod size as the mix counts it: (whole GPUs, share milli, CPU milli, products)."""
+
+
+_RAW_SHAPE = attrgetter("gpus", "gpu_milli", "cpu_milli", "products")
+
+
+def count_shapes(demands: Iterable[PodDemand]) -> dict[PodShape, int]:
+    """How many pods of each shape ``demands`` holds. Counts of several batches add up
+    (``collections.Counter.update``) to the counts of all of them, so a caller may count
+    a large workload a batch at a time."""
+    # the fields are read and counted in C; only distinct ones are looked at in Python
+    raw = Counter(map(_RAW_SHAPE, demands))
+    counts: dict[PodShape, int] = {}
+    for (gpus, milli, cpu_milli, products), n in raw.items():
+        cpu = max(0, cpu_milli)
+        if gpus > 0:
+            shape = (gpus, 0, cpu, products)
+        elif 0 < milli < MILLI_PER_GPU:
+            shape = (0, milli, cpu, products)
+        else:
+            shape = (0, 0, cpu, ())
+        counts[shape] = counts.get(shape, 0) + n
+    return counts
+
+
 def mix_from_demands(
     demands: Iterable[PodDemand], coverage: float = MIX_COVERAGE
 ) -> tuple[MixEntry, ...]:
@@ -121,22 +149,18 @@ def mix_from_demands(
     so their weight is the chance that the next pod leaves it all unused. An empty
     workload, or one without GPU pods, gives ``DEFAULT_POD_MIX``.
     """
-    if not 0.0 < coverage <= 1.0:
-        raise ValueError(f"the pod mix covers a share of the pods in (0, 1], not {coverage}")
-    counts: dict[tuple[int, int, int, tuple[str, ...]], int] = {}
-    total = 0
-    for demand in demands:
-        cpu = max(0, demand.cpu_milli)
-        if demand.gpus > 0:
-            shape = (demand.gpus, 0, cpu, demand.products)
-        elif 0 < demand.gpu_milli < MILLI_PER_GPU:
-            shape = (0, demand.gpu_milli, cpu, demand.products)
-        else:
-            shape = (0, 0, cpu, ())
-        counts[shape] = counts.get(shape, 0) + 1
-        total += 1
+    _check_coverage(coverage)
+    return mix_from_counts(count_shapes(demands), coverage)
+
+
+def mix_from_counts(
+    counts: Mapping[PodShape, int], coverage: float = MIX_COVERAGE
+) -> tuple[MixEntry, ...]:
+    """``mix_from_demands`` of the pods that ``counts`` (``count_shapes``) counted."""
+    _check_coverage(coverage)
+    total = sum(counts.values())
     ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
-    kept: list[tuple[tuple[int, int, int, tuple[str, ...]], int]] = []
+    kept: list[tuple[PodShape, int]] = []
     covered = 0
     for shape, n in ranked:
         if covered >= coverage * total:
@@ -149,6 +173,32 @@ def mix_from_demands(
         MixEntry(gpus=g, gpu_milli=m, weight=float(n), cpu_milli=c, products=p)
         for (g, m, c, p), n in sorted(kept)
     )
+
+
+def _check_coverage(coverage: float) -> None:
+    if not 0.0 < coverage <= 1.0:
+        raise ValueError(f"the pod mix covers a share of the pods in (0, 1], not {coverage}")
+
+
+def mix_distance(a: Sequence[MixEntry], b: Sequence[MixEntry]) -> float:
+    """How far apart two mixes are, 0..1: the share of weight that would have to move
+    from one pod size to another to turn ``a`` into ``b`` (total variation distance).
+
+    Fragmentation is a weighted mean over the mix, so it cannot move by more than this
+    share of a node's free capacity; a tail size that enters or leaves the mix at the
+    coverage cut moves it by that size's small share only.
+    """
+
+    def shares(mix: Sequence[MixEntry]) -> dict[PodShape, float]:
+        total = sum(e.weight for e in mix)
+        out: dict[PodShape, float] = {}
+        for e in mix:
+            shape = (e.gpus, e.gpu_milli, e.cpu_milli, e.products)
+            out[shape] = out.get(shape, 0.0) + e.weight / total
+        return out
+
+    sa, sb = shares(a), shares(b)
+    return 0.5 * sum(abs(sa.get(s, 0.0) - sb.get(s, 0.0)) for s in sa.keys() | sb.keys())
 
 
 @dataclass(frozen=True, slots=True)

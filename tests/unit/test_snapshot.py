@@ -3,12 +3,20 @@ and the sharded read-only map that keeps snapshots cheap."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster.model import Allocation, GpuDevice, NodeName, NodeState, PodDemand
-from cluster.snapshot import ShardedMap, apply_allocation, indices_match, pick_gpus
+from cluster.snapshot import (
+    ShardedMap,
+    apply_allocation,
+    batches,
+    indices_match,
+    pick_gpus,
+)
 
 
 def node(
@@ -151,3 +159,23 @@ def test_sharded_map_reads_like_a_dict() -> None:
     assert list(frozen) == list(ShardedMap.of(items)), "iteration order does not depend on luck"
     with pytest.raises(KeyError):
         frozen["ns/missing"]
+
+
+@given(st.integers(0, 3000), st.integers(1, 500), st.booleans())
+def test_batches_give_every_value_once_in_iteration_order(
+    count: int, size: int, sharded: bool
+) -> None:
+    items = {f"ns/pod-{i}": i for i in range(count)}
+    source: Mapping[str, int] = ShardedMap.of(items) if sharded else items
+    parts = list(batches(source, size))
+    assert [v for part in parts for v in part] == list(source.values())
+    assert all(part for part in parts)
+    # whole shards: a batch is cut at the first shard that reaches the size
+    assert all(len(part) >= size for part in parts[:-1])
+    if not sharded:
+        assert all(len(part) == size for part in parts[:-1])
+
+
+def test_a_batch_holds_at_least_one_value() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        next(batches({"a": 1}, 0))
