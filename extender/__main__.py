@@ -73,6 +73,24 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
     flag("weight-island-fit", type=float, help="weight of NVLink island best fit")
     flag("weight-gang-locality", type=float, help="weight of gang members kept together")
     switch("strict-islands", "a pod that fits in one NVLink island must get one (default on)")
+    flag(
+        "cpu-stranding",
+        type=float,
+        help="0..1: how much of a free GPU that its node's CPU can no longer serve counts as "
+        "a fragment for packing (default 0.5)",
+    )
+    flag(
+        "pod-mix",
+        help="the pod sizes packing keeps GPUs usable for: 'learned' from the GPU pods in the "
+        "cache (their GPUs, CPU and products; the built-in mix until there is one) or "
+        "'default', the built-in mix (default learned)",
+    )
+    flag(
+        "pod-mix-interval",
+        dest="pod_mix_interval_s",
+        type=float,
+        help="seconds between two countings of the learned pod mix (default 60)",
+    )
     flag("assume-ttl", dest="assume_ttl_s", type=float, help="seconds a bind stays assumed")
     flag("bind-timeout", dest="bind_timeout_s", type=float, help="API budget of one bind (s)")
     flag("log-level", help="DEBUG, INFO, WARNING (default INFO)")

@@ -13,6 +13,11 @@ snapshot has the first one's assumption in it. Then the binder writes to the API
 fails the assumption is forgotten and kube-scheduler gets ``Error``. The one exception is
 a bind that may have landed (the connection broke and the pod could not be read back):
 its GPUs stay assumed until the watch shows the truth or the assumption expires.
+
+Packing judges a node by the pods the cluster runs (``ExtenderConfig.pod_mix``). With
+``pod_mix=learned`` a background task counts the cache's pods into that mix: before the
+first request when a cluster file is loaded, right after the informers have listed, then
+every interval; a batch of pods at a time, so that requests are answered in between.
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
 from aiohttp import web
@@ -34,10 +41,16 @@ from cluster.feed import CacheFeed, run_all
 from cluster.informer import Informer
 from cluster.kube import KubeClient, KubeConfig
 from cluster.model import NodeName, PodInfo, PodKey
-from cluster.snapshot import Snapshot
+from cluster.snapshot import Snapshot, batches
 from extender import verbs, wire
 from extender.binder import ApiBinder, Binder, BindError, MemoryBinder, Placement
-from extender.config import ExtenderConfig
+from extender.config import (
+    ExtenderConfig,
+    PodShape,
+    count_shapes,
+    mix_distance,
+    mix_from_counts,
+)
 from extender.decide import BindPlan
 from extender.metrics import ExtenderMetrics
 from extender.settings import ExtenderSettings
@@ -61,6 +74,12 @@ class Source:
         if self.loaded:
             return True
         return bool(self.informers) and all(i.synced for i in self.informers)
+
+    async def wait_synced(self) -> None:
+        """Until the cache is complete: at once for a cluster file, else once every
+        informer has listed (they are set before the app's background work starts)."""
+        if not self.loaded:
+            await asyncio.gather(*(informer.wait_synced() for informer in self.informers))
 
 
 @dataclass(slots=True)
@@ -89,8 +108,23 @@ class Binds:
             del self.recent[next(iter(self.recent))]
 
 
+class LiveConfig:
+    """The ``ExtenderConfig`` decisions read now. The learned pod mix replaces it whole
+    (a new frozen config, with a new ``scoring_key``, so no node memo made under the old
+    one is read again); a handler takes ``current`` once and decides with that. A holder
+    rather than a new value under the app key: aiohttp freezes an app's state when it
+    starts."""
+
+    __slots__ = ("current", "mix_pods")
+
+    def __init__(self, config: ExtenderConfig) -> None:
+        self.current = config
+        self.mix_pods = 0
+        """GPU pods the current pod mix was learned from (0: not learned)."""
+
+
 SETTINGS = web.AppKey("settings", ExtenderSettings)
-CONFIG = web.AppKey("config", ExtenderConfig)
+CONFIG = web.AppKey("config", LiveConfig)
 CACHE = web.AppKey("cache", ClusterCache)
 CLOCK = web.AppKey("clock", Clock)
 METRICS = web.AppKey("metrics", ExtenderMetrics)
@@ -153,7 +187,7 @@ async def _decide(request: web.Request, verb: str, handle: Handle) -> web.Respon
         return early
     assert isinstance(body, bytes)
     began = clock.monotonic()
-    reply = handle(body, app[CACHE].snapshot(), app[CONFIG], clock.now())
+    reply = handle(body, app[CACHE].snapshot(), app[CONFIG].current, clock.now())
     metrics.decided(verb, clock.monotonic() - began)
     if reply.pod is not None:
         app[BINDS].remember(reply.pod)
@@ -194,7 +228,9 @@ async def bind(request: web.Request) -> web.Response:
     # From here to the binder's first await: no await, so no other request runs between
     # the snapshot and the assumption.
     began = clock.monotonic()
-    step = verbs.plan_bind(body, cache.snapshot(), app[CONFIG], clock.now(), seen=binds.recent)
+    step = verbs.plan_bind(
+        body, cache.snapshot(), app[CONFIG].current, clock.now(), seen=binds.recent
+    )
     if isinstance(step, verbs.Reply):
         metrics.decided("bind", clock.monotonic() - began)
         result = "bad_request" if step.status == verbs.BAD_REQUEST else "refused"
@@ -299,6 +335,76 @@ async def _expire_assumptions(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+MIX_BATCH_PODS = 1_000
+"""Pods counted for the pod mix between two turns of the event loop: about 1 ms, where
+counting 150,000 pods at once (~200 ms on a loaded core) would hold every request."""
+MIX_TOLERANCE = 0.01
+"""The share of the mix's weight that must move before a learned mix replaces the one
+in use: counts change with every pod, and each replacement makes every node score its
+pods afresh (the memos are keyed by the config), for a difference in fragmentation of
+at most this share of a node's free GPUs."""
+
+
+_DEMAND = attrgetter("demand")
+
+
+async def learn_pod_mix(snapshot: Snapshot, batch: int = MIX_BATCH_PODS) -> Counter[PodShape]:
+    """How many of the snapshot's pods have each shape (``count_shapes``), counted
+    ``batch`` pods at a time with a turn of the event loop in between: the snapshot never
+    changes, so the count is exact however the cache moves on meanwhile."""
+    counts: Counter[PodShape] = Counter()
+    for pods in batches(snapshot.pods, batch):
+        counts.update(count_shapes(map(_DEMAND, pods)))
+        await asyncio.sleep(0)
+    return counts
+
+
+async def relearn_pod_mix(app: web.Application, snapshot: Snapshot) -> bool:
+    """Count the snapshot's pods and put their mix in use when it moved by more than
+    ``MIX_TOLERANCE``; whether it did. Without GPU pods the mix in use stays (the
+    built-in one until pods are seen; a cluster that emptied still expects its pods)."""
+    counts = await learn_pod_mix(snapshot)
+    pods = sum(n for (gpus, milli, _, _), n in counts.items() if gpus or milli)
+    if not pods:
+        return False
+    live = app[CONFIG]
+    mix = mix_from_counts(counts)
+    moved = mix_distance(live.current.pod_mix, mix)
+    if moved <= MIX_TOLERANCE:
+        return False
+    live.current = replace(live.current, pod_mix=mix)
+    live.mix_pods = pods
+    app[METRICS].pod_mix(len(mix), pods)
+    log.info(
+        "pod mix learned",
+        extra=logs.fields(sizes=len(mix), pods=pods, moved=round(moved, 4)),
+    )
+    return True
+
+
+async def _learn_pod_mix(app: web.Application) -> AsyncIterator[None]:
+    """With ``pod_mix=learned``: the pod mix from the cache's pods, once before serving
+    when the cluster is already loaded (a cluster file), else as soon as the informers
+    have listed, then every ``pod_mix_interval_s`` when the cache changed."""
+    settings, source, cache = app[SETTINGS], app[SOURCE], app[CACHE]
+    learned_at = -1
+    if source.synced:
+        learned_at = cache.generation
+        await relearn_pod_mix(app, cache.snapshot())
+
+    async def loop(learned_at: int) -> None:
+        await source.wait_synced()
+        while True:
+            snapshot = cache.snapshot()
+            if snapshot.generation != learned_at:
+                learned_at = snapshot.generation
+                await relearn_pod_mix(app, snapshot)
+            await asyncio.sleep(settings.pod_mix_interval_s)
+
+    async with _running(loop(learned_at), "learn pod mix"):
+        yield
+
+
 async def _watch_cluster(app: web.Application) -> AsyncIterator[None]:
     """Nodes and pods from kube-apiserver into the cache; binds through the same client."""
     settings = app[SETTINGS]
@@ -310,7 +416,7 @@ async def _watch_cluster(app: web.Application) -> AsyncIterator[None]:
         binds = app[BINDS]
         if binds.binder is None:
             binds.binder = ApiBinder(client, timeout_s=settings.bind_timeout_s)
-        informers = CacheFeed(app[CACHE], levels=app[CONFIG].level_labels).informers(client)
+        informers = CacheFeed(app[CACHE], levels=app[CONFIG].current.level_labels).informers(client)
         app[SOURCE].informers = informers
         async with _running(run_all(informers), "watch nodes and pods"):
             yield
@@ -362,11 +468,12 @@ def create_app(
     cache = cache if cache is not None else ClusterCache(clock, settings.assume_ttl_s)
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
-    app[CONFIG] = config
+    app[CONFIG] = LiveConfig(config)
     app[CLOCK] = clock
     app[CACHE] = cache
     app[ENVIRON] = dict(environ or {})
     app[METRICS] = ExtenderMetrics(cache.counters)
+    app[METRICS].pod_mix(len(config.pod_mix), 0, changed=False)
     source = Source()
     app[SOURCE] = source
     if settings.cluster_file is not None:
@@ -377,6 +484,8 @@ def create_app(
         app.cleanup_ctx.append(_watch_cluster)
     app[BINDS] = Binds(binder, settings.recent_pods)
     app.cleanup_ctx.append(_expire_assumptions)
+    if settings.pod_mix == "learned":
+        app.cleanup_ctx.append(_learn_pod_mix)
     app.router.add_post("/filter", filter_nodes)
     app.router.add_post("/prioritize", prioritize)
     app.router.add_post("/bind", bind)

@@ -14,7 +14,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -185,7 +185,30 @@ class ExtenderMetrics:
             ("reason",),
             registry=self.registry,
         )
+        self.mix_sizes = Gauge(
+            "tessera_extender_pod_mix_sizes",
+            "Pod sizes (GPUs or share, CPU, products) in the mix that packing keeps free "
+            "GPUs usable for.",
+            registry=self.registry,
+        )
+        self.mix_pods = Gauge(
+            "tessera_extender_pod_mix_pods",
+            "GPU pods the pod mix in use was learned from (0: the built-in mix).",
+            registry=self.registry,
+        )
+        self.mix_changes = Counter(
+            "tessera_extender_pod_mix_changes",
+            "Times a newly learned pod mix replaced the one in use.",
+            registry=self.registry,
+        )
         self.registry.register(_CacheCollector(counters))
+
+    def pod_mix(self, sizes: int, pods: int, *, changed: bool = True) -> None:
+        """The mix in use: ``sizes`` pod sizes learned from ``pods`` GPU pods."""
+        self.mix_sizes.set(sizes)
+        self.mix_pods.set(pods)
+        if changed:
+            self.mix_changes.inc()
 
     def answered(self, verb: str, result: str, seconds: float) -> None:
         self.requests.labels(verb, result).inc()

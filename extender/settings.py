@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -21,6 +21,7 @@ from cluster import labels
 from extender.config import ExtenderConfig, ScoringWeights, TopologyLevel
 
 _WEIGHTS = ScoringWeights()
+_CONFIG = ExtenderConfig()
 DEFAULT_LEVELS = f"hostname={labels.HOSTNAME}"
 
 
@@ -77,6 +78,13 @@ class ExtenderSettings(BaseModel):
     weight_gang_locality: float = Field(_WEIGHTS.gang_locality, ge=0)
     strict_islands: bool = True
     """A whole-GPU pod that fits in one NVLink island must get one (else: a preference)."""
+    cpu_stranding: float = Field(_CONFIG.cpu_stranding, ge=0, le=1)
+    """How much of a free GPU that the node's CPU can no longer serve counts as lost."""
+    pod_mix: Literal["learned", "default"] = "learned"
+    """The pod sizes packing keeps GPUs usable for: learned from the pods in the cache
+    (their GPUs, CPU and products), or the built-in mix (``DEFAULT_POD_MIX``)."""
+    pod_mix_interval_s: float = Field(60.0, gt=0)
+    """How often the learned pod mix is counted again."""
 
     assume_ttl_s: float = Field(30.0, gt=0)
     """How long a bind's GPUs stay counted without the watch showing the pod bound."""
@@ -134,4 +142,5 @@ class ExtenderSettings(BaseModel):
                 gang_locality=self.weight_gang_locality,
             ),
             islands_required=self.strict_islands,
+            cpu_stranding=self.cpu_stranding,
         )

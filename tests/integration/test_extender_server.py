@@ -32,7 +32,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from cluster import jsonio
+from cluster import jsonio, logs
 from cluster.cache import ClusterCache
 from cluster.clock import ManualClock
 from cluster.convert import pod_from_json
@@ -664,6 +664,105 @@ async def test_metrics_report_verbs_reasons_assumptions_and_gpus(tmp_path: Path)
     assert f'tessera_extender_gpus{{{h100},state="whole_free"}} 7.0' in text
     assert f"tessera_extender_gpu_fragmentation_ratio{{{h100}}} {0.75 / 7.75}" in text
     assert "tessera_extender_bind_api_seconds_count 2.0" in text
+
+
+# ---------------------------------------------------------------- the learned pod mix
+
+
+def mostly_single_gpu_cluster() -> list[dict[str, Any]]:
+    """Two free 8-GPU nodes that differ only in CPU (48 and 128 cores) and a third one
+    running two 1-GPU 12-core pods; eight more of those and two 2-GPU 24-core pods wait."""
+    typical: dict[str, Any] = {"gpus": 1, "cpu": "12"}
+    return [
+        node_json("gpu-a", cpu="48"),
+        node_json("gpu-b", cpu="128"),
+        node_json("gpu-c", cpu="64"),
+        pod_json("run-0", node="gpu-c", gpu_indices="0", phase="Running", **typical),
+        pod_json("run-1", node="gpu-c", gpu_indices="1", phase="Running", **typical),
+        *(pod_json(f"wait-{i}", **typical) for i in range(8)),
+        *(pod_json(f"pair-{i}", gpus=2, cpu="24") for i in range(2)),
+    ]
+
+
+def gauge(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+async def scraped(ext: Extender, name: str, value: float) -> str:
+    """The first /metrics page where gauge ``name`` shows ``value``."""
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            _, text = await ext.get("/metrics")
+            if gauge(text, name) == value:
+                return text
+            # the mix is only visible as Prometheus scrapes it: poll
+            await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("mix", ["learned", "default"])
+async def test_a_server_packs_for_the_pod_mix_its_cluster_runs(tmp_path: Path, mix: str) -> None:
+    settings, clock, cache = file_extender(tmp_path, mostly_single_gpu_cluster(), pod_mix=mix)
+    # a CPU-heavy pod: 24 cores on gpu-a leave 24 for the seven GPUs still free there,
+    # enough for two of the cluster's 12-core pods; on gpu-b all seven stay usable
+    heavy = pod_json("heavy-0", gpus=1, cpu="24")
+    async with serving(settings, cache=cache, clock=clock) as ext:
+        _, text = await ext.get("/metrics")
+        status, answer = await ext.post("/prioritize", filter_args(heavy, ["gpu-a", "gpu-b"]))
+
+    assert status == 200
+    scores = {entry["Host"]: entry["Score"] for entry in answer}
+    if mix == "learned":
+        # learned before the first request: 1 GPU x 12 cores and 2 GPUs x 24 cores
+        assert gauge(text, "tessera_extender_pod_mix_sizes") == 2
+        assert gauge(text, "tessera_extender_pod_mix_pods") == 12
+        assert scores["gpu-b"] > scores["gpu-a"]
+    else:
+        # the built-in mix asks for no CPU: both nodes look the same
+        assert gauge(text, "tessera_extender_pod_mix_sizes") == 6
+        assert gauge(text, "tessera_extender_pod_mix_pods") == 0
+        assert scores["gpu-b"] == scores["gpu-a"]
+
+
+async def test_the_mix_is_learned_again_as_the_workload_changes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="extender.app")
+    settings, clock, cache = file_extender(
+        tmp_path, mostly_single_gpu_cluster(), pod_mix_interval_s=0.05
+    )
+    async with serving(settings, cache=cache, clock=clock) as ext:
+        assert gauge((await ext.get("/metrics"))[1], "tessera_extender_pod_mix_sizes") == 2
+        # what the watch would add: a wave of 8-GPU jobs
+        for i in range(12):
+            cache.upsert_pod(pod_from_json(pod_json(f"big-{i}", gpus=8, cpu="96")))
+        text = await scraped(ext, "tessera_extender_pod_mix_pods", 24)
+    assert gauge(text, "tessera_extender_pod_mix_sizes") == 3
+    assert gauge(text, "tessera_extender_pod_mix_changes_total") == 2
+    # as an operator reads them with --log-json
+    lines = [jsonio.loads(logs.JsonFormatter().format(r)) for r in caplog.records]
+    learned = [
+        (line["level"], line["sizes"], line["pods"])
+        for line in lines
+        if line["event"] == "pod mix learned"
+    ]
+    assert learned == [("info", 2, 12), ("info", 3, 24)]
+
+
+async def test_a_watching_server_learns_its_mix_once_the_informers_have_listed(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put(NODES_PATH, node_json("gpu-a"))
+    for i in range(3):
+        api.put(PODS_PATH, pod_json(f"train-{i}", gpus=4, cpu="32"))
+    settings = ExtenderSettings(kubeconfig=write_kubeconfig(tmp_path, api), pod_mix_interval_s=3600)
+    async with serving(settings) as ext:
+        await ext.ready()
+        # long before the first interval ends
+        text = await scraped(ext, "tessera_extender_pod_mix_pods", 3)
+    assert gauge(text, "tessera_extender_pod_mix_sizes") == 1
 
 
 # ---------------------------------------------------------------- mutual TLS

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from extender.config import TopologyLevel
+from extender.__main__ import parse_settings
+from extender.config import ExtenderConfig, TopologyLevel
 from extender.settings import ExtenderSettings, is_loopback, parse_levels
 
 CERT = {"tls_cert": Path("tls.crt"), "tls_key": Path("tls.key")}
@@ -31,6 +32,61 @@ def test_levels_from_the_flag_reach_the_decisions() -> None:
     )
     assert config.weights.packing == 3
     assert config.islands_required is False
+
+
+def test_the_pod_mix_is_learned_and_cpu_strands_half_unless_told_otherwise() -> None:
+    settings = ExtenderSettings()
+    assert settings.pod_mix == "learned"
+    assert settings.pod_mix_interval_s == 60
+    assert settings.to_config().cpu_stranding == ExtenderConfig().cpu_stranding == 0.5
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        pytest.param(
+            ["--pod-mix", "default", "--pod-mix-interval", "5", "--cpu-stranding", "0.25"],
+            {},
+            id="flags",
+        ),
+        pytest.param(
+            [],
+            {
+                "TESSERA_EXTENDER_POD_MIX": "default",
+                "TESSERA_EXTENDER_POD_MIX_INTERVAL": "5",
+                "TESSERA_EXTENDER_CPU_STRANDING": "0.25",
+            },
+            id="environment",
+        ),
+    ],
+)
+def test_pod_mix_and_cpu_stranding_from_flags_or_environment(
+    argv: list[str], environ: dict[str, str]
+) -> None:
+    settings = parse_settings(argv, environ)
+    assert settings.pod_mix == "default"
+    assert settings.pod_mix_interval_s == 5
+    assert settings.to_config().cpu_stranding == 0.25
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        pytest.param(["--cpu-stranding", "2"], "cpu_stranding", id="stranding"),
+        pytest.param(["--cpu-stranding", "half"], "invalid float value", id="stranding-word"),
+        pytest.param(["--pod-mix", "trace"], "'learned' or 'default'", id="pod-mix"),
+    ],
+)
+def test_a_bad_pod_mix_or_stranding_exits_with_one_line(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        parse_settings(argv, {})
+    assert stop.value.code == 2
+    # argparse puts its usage above a value it cannot even convert; the reason is one line
+    reason = capsys.readouterr().err.splitlines()[-1]
+    assert reason.startswith("python -m extender: error: ")
+    assert said in reason
 
 
 @pytest.mark.parametrize(
@@ -67,6 +123,10 @@ def test_where_it_listens(values: dict[str, Any], host: str) -> None:
         pytest.param({"weight_packing": -1}, "greater than or equal", id="negative-weight"),
         pytest.param({"assume_ttl_s": 0}, "greater than", id="no-ttl"),
         pytest.param({"port": 70000}, "less than or equal", id="port"),
+        pytest.param({"cpu_stranding": 1.5}, "less than or equal to 1", id="stranding-above-1"),
+        pytest.param({"cpu_stranding": -0.1}, "greater than or equal to 0", id="stranding-below-0"),
+        pytest.param({"pod_mix": "sometimes"}, "'learned' or 'default'", id="pod-mix-word"),
+        pytest.param({"pod_mix_interval_s": 0}, "greater than 0", id="pod-mix-interval"),
     ],
 )
 def test_refused_settings_say_why(values: dict[str, Any], reason: str) -> None:
