@@ -11,8 +11,10 @@ What it keeps, and why:
 * nodes as the watch reports them, and the same nodes with every allocation applied;
   a change rebuilds only the node it touches, so the other ``NodeState`` objects are
   shared between snapshots (copy-on-write);
-* GPU pods only: the watch's record of each, plus pods assumed by bind that the watch
-  has not shown yet; non-GPU pods are dropped at the door, terminal pods free their GPUs;
+* GPU pods: the watch's record of each, plus pods assumed by bind that the watch has
+  not shown yet; terminal pods free their GPUs. Of a pod without GPUs only its node and
+  CPU request are kept: a node's ``cpu_requested_milli`` counts every pod on it, since
+  CPU that other pods took can leave free GPUs without the CPU to use them;
 * an allocation per bound or assumed pod. The watch wins over an assumption as soon as
   it shows the pod bound; a pod bound without ``tessera.dev/gpu-indices`` is given GPUs
   by ``pick_gpus`` so that per-GPU accounting stays whole. Allocations survive the
@@ -230,6 +232,9 @@ class ClusterCache:
         # where the cache picks the GPUs; gang members that hold an allocation
         self._allocs: _CowMap[PodKey, Allocation] = _CowMap()
         self._on_node: dict[NodeName, dict[PodKey, Allocation | None]] = {}
+        # CPU of the pods without GPUs (kept for nothing else): per pod and per node
+        self._cpu_only: dict[PodKey, tuple[NodeName, int]] = {}
+        self._cpu_only_on: dict[NodeName, int] = {}
         self._gang_members: dict[GangId, set[PodKey]] = {}
         self._gangs: _CowMap[GangId, tuple[PodKey, ...]] = _CowMap()
         self._dirty_nodes: dict[NodeName, None] = {}
@@ -340,12 +345,19 @@ class ClusterCache:
         """
         fresh: dict[PodKey, PodInfo] = {}
         ended: dict[PodKey, str] = {}
+        cpu_only: dict[PodKey, PodInfo] = {}
         for pod in pods:
             if pod.phase.terminal:
                 if pod.key in self._assumed:
                     ended[pod.key] = pod.uid
             elif pod.demand.uses_gpu:
                 fresh[pod.key] = pod
+            else:
+                cpu_only[pod.key] = pod
+        for key in [k for k in self._cpu_only if k not in cpu_only]:
+            self._set_cpu_only(key, None)
+        for key, pod in cpu_only.items():
+            self._set_cpu_only(key, pod)
         for key in self._pods.key_list():
             if key not in fresh and key not in self._assume_only:
                 self._update(key, None, self._assumed.get(key))
@@ -359,19 +371,46 @@ class ClusterCache:
     def upsert_pod(self, pod: PodInfo) -> None:
         """A pod from the watch. Bound: it confirms (or overrides) any assumption."""
         if pod.phase.terminal or not pod.demand.uses_gpu:
+            self._set_cpu_only(pod.key, None if pod.phase.terminal else pod)
             if pod.key in self._pods:
                 self._end(pod.key, pod.uid)
-                self._flush()
+            self._flush()
             return
+        self._set_cpu_only(pod.key, None)
         self._observe(pod)
         self._flush()
 
     def delete_pod(self, key: PodKey, uid: str | None = None) -> None:
         """The pod is gone. With ``uid``, an assumption made for a newer pod of the same
         name (deleted and re-created) is kept."""
+        self._set_cpu_only(key, None)
         if key in self._pods:
             self._end(key, uid or "")
-            self._flush()
+        self._flush()
+
+    def _set_cpu_only(self, key: PodKey, pod: PodInfo | None) -> None:
+        """Count the CPU of a pod without GPUs on its node (``None``: it is gone); its
+        node's free CPU is what the packing score weighs against the GPUs left."""
+        placed = None if pod is None or pod.node is None else (pod.node, pod.demand.cpu_milli)
+        old = self._cpu_only.get(key)
+        if placed == old:
+            return
+        if old is not None:
+            del self._cpu_only[key]
+            self._add_cpu(old[0], -old[1])
+        if placed is not None:
+            self._cpu_only[key] = placed
+            self._add_cpu(placed[0], placed[1])
+
+    def _add_cpu(self, node: NodeName, cpu: int) -> None:
+        if not cpu:
+            return  # a pod that asks for no CPU changes nothing a reader sees
+        total = self._cpu_only_on.get(node, 0) + cpu
+        if total:
+            self._cpu_only_on[node] = total
+        else:
+            del self._cpu_only_on[node]
+        self._dirty_nodes[node] = None
 
     def _observe(self, pod: PodInfo) -> None:
         key = pod.key
@@ -637,13 +676,18 @@ class ClusterCache:
                 key, pod.demand, base, capacity=capacity, used=used, problems=problems
             )
             self._set_alloc(i, key, chosen)
+        cpu = self._cpu_only_on.get(name, 0)
+        for key in on:
+            holder = self._pods.get_at(shard_of(key), key)
+            if holder is not None:
+                cpu += holder.demand.cpu_milli
         for index, milli in used.items():
             if milli > capacity[index]:
                 problems.append(
                     f"GPU {index} on node {name} is over-committed ({milli} of "
                     f"{capacity[index]} milli): held by {self._holders(name, index)}"
                 )
-        self._set_node(name, self._with_used(base, used))
+        self._set_node(name, self._with_used(base, used, cpu))
         self._set_problems(name, tuple(problems))
 
     def _pick(
@@ -696,9 +740,9 @@ class ClusterCache:
         self._nodes_view = None
         self._changed = True
 
-    def _with_used(self, base: NodeState, used: Mapping[int, int]) -> NodeState:
+    def _with_used(self, base: NodeState, used: Mapping[int, int], cpu: int = 0) -> NodeState:
         if not any(used.values()):
-            return base
+            return replace(base, cpu_requested_milli=cpu) if cpu else base
         pool = self._gpu_pool
         gpus = []
         for gpu in base.gpus:
@@ -708,7 +752,7 @@ class ClusterCache:
                 continue
             shape = (gpu.index, gpu.island, gpu.healthy, max(0, gpu.free_milli - taken))
             gpus.append(pool.get(shape) or pool.setdefault(shape, GpuDevice(*shape)))
-        return replace(base, gpus=tuple(gpus))
+        return replace(base, gpus=tuple(gpus), cpu_requested_milli=cpu)
 
     def _set_problems(self, name: NodeName, problems: tuple[str, ...]) -> None:
         old = self._node_problems.get(name, ())

@@ -73,6 +73,9 @@ class NodeState:
     product: str = ""
     gpu_memory_mib: int = 0
     cpu_milli: int = 0
+    """Allocatable CPU, as the Node object reports it."""
+    cpu_requested_milli: int = 0
+    """CPU requested by the pods bound (or assumed) to the node, GPU pods or not."""
     memory_bytes: int = 0
     max_pods: int = 110
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -92,6 +95,11 @@ class NodeState:
     @property
     def gpu_count(self) -> int:
         return len(self.gpus)
+
+    @property
+    def cpu_free_milli(self) -> int:
+        """CPU the node can still give to a pod (never negative)."""
+        return max(0, self.cpu_milli - self.cpu_requested_milli)
 
     @property
     def healthy_gpus(self) -> tuple[GpuDevice, ...]:

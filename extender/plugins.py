@@ -736,8 +736,8 @@ def score_packing(ctx: PodContext, node: NodeState) -> float:
 def _packing(ctx: PodContext, node: NodeState, choice: tuple[int, ...] | None) -> float:
     if choice is None:
         return 0.0
-    # CPU counts where the node reports some: what it can still give, as far as known
-    cpu = node.cpu_milli if node.cpu_milli > 0 else None
+    # CPU counts where the node reports some: what its pods leave of it
+    cpu = node.cpu_free_milli if node.cpu_milli > 0 else None
     if not choice and (cpu is None or not ctx.demand.cpu_milli):
         return NEUTRAL_SCORE
     config = ctx.config

@@ -276,9 +276,9 @@ class Tessera:
 
     ``score_node`` is the float (0..10) that ``decide.prioritize`` turns into the wire's
     integers; here it is scaled onto the method's 0..100 and truncated (``integer``),
-    or kept as is. ``free_cpu``: the node's CPU is what the pods placed so far left
-    (what the packing score's CPU-aware fragmentation means by "what it can still
-    give"), not the allocatable the server's cache reports today.
+    or kept as is. ``free_cpu``: the node's CPU is what the pods placed so far left (what the
+    server's cache counts: allocatable less the requests of every pod on the node);
+    False scores with the allocatable alone, as if other pods' CPU were unknown.
     """
 
     config: ExtenderConfig
@@ -365,7 +365,7 @@ POLICIES: Final[dict[str, PolicyFactory]] = {
     # (extender.config.mix_from_demands); the variants each change one thing
     "tessera": _tessera(),
     "tessera-float": _tessera(name="tessera-float", integer=False),  # no truncation
-    "tessera-alloccpu": _tessera(name="tessera-alloccpu", free_cpu=False),  # cache's CPU
+    "tessera-alloccpu": _tessera(name="tessera-alloccpu", free_cpu=False),  # CPU unknown
     "tessera-wire": _tessera(name="tessera-wire", integer=False, select="wire"),
     "tessera-coarse": _tessera(name="tessera-coarse", scale=5.0),  # half the resolution
     "tessera-nogang": _tessera(ScoringWeights(gang_locality=0.0), name="tessera-nogang"),

@@ -301,6 +301,34 @@ def test_pods_without_gpus_are_ignored() -> None:
     assert len(cache.snapshot().pods) == 0
 
 
+def cpu_pod(name: str, cores: int, node: str | None = "n1", gpus: int = 0) -> PodInfo:
+    pod = gpu_pod(name, node=node, gpus=gpus)
+    return replace(pod, demand=replace(pod.demand, cpu_milli=cores * 1000))
+
+
+def cpu_free(cache: ClusterCache, node: str = "n1") -> int:
+    return cache.snapshot().nodes[NodeName(node)].cpu_free_milli // 1000
+
+
+def test_the_cpu_of_every_pod_on_a_node_is_counted_gpus_or_not() -> None:
+    cache, _ = new_cache(replace(gpu_node(), cpu_milli=64_000))
+    cache.upsert_pod(bound(cpu_pod("train", 12, node=None, gpus=1), "n1", 0))
+    cache.upsert_pod(cpu_pod("logs", 2))  # a daemon without GPUs
+    cache.upsert_pod(cpu_pod("queued", 8, node=None))  # not bound: holds nothing
+    assert cpu_free(cache) == 64 - 12 - 2
+    # an assumed GPU pod counts at once, like its GPUs
+    cache.assume(cpu_pod("next", 16, node=None, gpus=1), at("n1", 1))
+    assert cpu_free(cache) == 64 - 12 - 2 - 16
+    cache.upsert_pod(replace(cpu_pod("logs", 2), phase=PodPhase.SUCCEEDED))
+    cache.delete_pod(key("train"))
+    assert cpu_free(cache) == 64 - 16
+    # a relist is the truth: the daemon is back, the assumption stays
+    cache.replace_pods([cpu_pod("logs", 4)])
+    assert cpu_free(cache) == 64 - 16 - 4
+    cache.forget(key("next"))
+    assert cpu_free(cache) == 64 - 4
+
+
 def test_unchanged_watch_events_do_not_bump_the_generation() -> None:
     cache, _ = new_cache()
     pod = gpu_pod("a", gpus=1, node="n1", indices=[0])

@@ -97,6 +97,18 @@ def test_packing_keeps_cpu_next_to_free_gpus() -> None:
     assert score_packing(ctx, no_gpus_left) > score_packing(ctx, gpus_left)
 
 
+def test_packing_weighs_the_cpu_other_pods_took_not_the_allocatable() -> None:
+    """Two nodes alike but for the CPU their pods already hold (what the cache counts):
+    the CPU-hungry pod goes where it strands no GPU, the node whose CPU is still free."""
+    mix = (MixEntry(gpus=1, cpu_milli=8000),)
+    config = ExtenderConfig(levels=CONFIG.levels, pod_mix=mix)
+    ctx = context(PodDemand(cpu_milli=8000), config=config)
+    roomy = replace(node("#### ...."), cpu_milli=96_000)
+    crowded = replace(node("#### ....", "crowded"), cpu_milli=96_000, cpu_requested_milli=80_000)
+    assert crowded.cpu_free_milli == 16_000
+    assert score_packing(ctx, roomy) > score_packing(ctx, crowded)
+
+
 @pytest.mark.parametrize(
     ("cpu_free", "stranding", "mix", "expected"),
     [
