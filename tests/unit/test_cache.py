@@ -591,10 +591,10 @@ def test_counters_per_product() -> None:
 
 NODE_SHAPES = {"n0": (8, 2), "n1": (4, 1), "n2": (2, 1)}
 DEMANDS = {
-    "p0": PodDemand(gpus=1),
+    "p0": PodDemand(gpus=1, cpu_milli=4000),
     "p1": PodDemand(gpus=2, gang=GangSpec(GangId("team-a.g1"), 3, 3)),
-    "p2": PodDemand(gpus=4),
-    "p3": PodDemand(gpu_milli=300),
+    "p2": PodDemand(gpus=4, cpu_milli=16000),
+    "p3": PodDemand(gpu_milli=300, cpu_milli=1500),
     "p4": PodDemand(gpu_milli=600, gang=GangSpec(GangId("team-a.g1"), 3, 3)),
     "p5": PodDemand(gpu_milli=500),
     "p6": PodDemand(gpus=1, gang=GangSpec(GangId("team-a.g2"), 2, 2)),
@@ -603,6 +603,8 @@ DEMANDS = {
 }
 node_names = st.sampled_from(sorted(NODE_SHAPES))
 pod_names = st.sampled_from(sorted(DEMANDS))
+CPU_ONLY = ("c0", "c1")
+"""Pods without GPUs: the cache keeps only their node and CPU."""
 
 
 def over_committed(snap: Snapshot) -> set[tuple[NodeName, int]]:
@@ -628,6 +630,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.incarnation: dict[str, int] = dict.fromkeys(DEMANDS, 0)
         self.foreign = False
         self.kept: tuple[Snapshot, dict[str, object]] | None = None
+        self.cpu_only: dict[PodKey, PodInfo] = {}
 
     # -------------------------------------------------------------- helpers
     def pod(
@@ -810,7 +813,29 @@ class CacheMachine(RuleBasedStateMachine):
         for name in sorted(finished):
             listed.append(replace(self.pod(name), phase=PodPhase.FAILED))
             self.assumed.pop(key(name), None)
+        listed.extend(self.cpu_only.values())
         self.cache.replace_pods(listed)
+
+    @rule(
+        name=st.sampled_from(CPU_ONLY),
+        node=st.none() | node_names,
+        cores=st.integers(0, 8),
+        end=st.sampled_from(["running", "finished", "deleted"]),
+    )
+    def cpu_only_pod(self, name: str, node: str | None, cores: int, end: str) -> None:
+        pod = replace(
+            gpu_pod(name, node=node),
+            demand=PodDemand(cpu_milli=cores * 1000),
+        )
+        if end == "deleted":
+            self.cpu_only.pop(pod.key, None)
+            self.cache.delete_pod(pod.key)
+        elif end == "finished":
+            self.cpu_only.pop(pod.key, None)
+            self.cache.upsert_pod(replace(pod, phase=PodPhase.SUCCEEDED))
+        else:
+            self.cpu_only[pod.key] = pod
+            self.cache.upsert_pod(pod)
 
     @rule()
     def non_gpu_pod_is_ignored(self) -> None:
@@ -861,11 +886,15 @@ class CacheMachine(RuleBasedStateMachine):
                 if allocation.node == name:
                     for index in allocation.indices:
                         used[index] += allocation.milli_per_gpu
+            # CPU: of every pod holding GPUs here, and of the pods without GPUs bound here
+            cpu = sum(pods[k].demand.cpu_milli for k, a in allocations.items() if a.node == name)
+            cpu += sum(p.demand.cpu_milli for p in self.cpu_only.values() if p.node == name)
             expected = replace(
                 base,
                 gpus=tuple(
                     replace(g, free_milli=max(0, g.free_milli - used[g.index])) for g in base.gpus
                 ),
+                cpu_requested_milli=cpu,
             )
             assert snap.nodes[name] == expected
 
@@ -906,7 +935,7 @@ class CacheMachine(RuleBasedStateMachine):
         snap = self.cache.snapshot()
         rebuilt = ClusterCache(ManualClock(), assume_ttl_s=TTL)
         rebuilt.replace_nodes(self.nodes.values())
-        rebuilt.replace_pods(self.watch.values())
+        rebuilt.replace_pods([*self.watch.values(), *self.cpu_only.values()])
         rebuilt_allocations = rebuilt.snapshot().allocations
         for k, pod in self.watch.items():
             if pod.node is not None and indices_match(pod.gpu_indices, pod.demand):
