@@ -224,13 +224,14 @@ class ExtenderConfig:
     """What the node-only scorers read of this config, as text: part of the key nodes
     memoize scores under. Made once here; formatting a mix of dozens of pod sizes on
     every request would cost more than the memo saves."""
+    fragmentation_key: str = field(init=False, repr=False, compare=False)
+    """The key a node memoizes its own fragmentation under (one string object, so its
+    hash is computed once)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self,
-            "scoring_key",
-            f"{self.islands_required}|{self.cpu_stranding}|{self.weights!r}|{self.pod_mix!r}",
-        )
+        key = f"{self.islands_required}|{self.cpu_stranding}|{self.weights!r}|{self.pod_mix!r}"
+        object.__setattr__(self, "scoring_key", key)
+        object.__setattr__(self, "fragmentation_key", f"F|{key}")
         names = [level.name for level in self.levels]
         labels = [level.node_label for level in self.levels]
         if len(set(names)) != len(names) or len(set(labels)) != len(labels):

@@ -746,7 +746,11 @@ def _packing(ctx: PodContext, node: NodeState, choice: tuple[int, ...] | None) -
     if choice:
         after = apply_allocation(node, Allocation(node.name, choice, ctx.demand.milli_per_gpu), 1)
     cpu_after = None if cpu is None else max(0, cpu - ctx.demand.cpu_milli)
-    before = fragmentation(node, mix, islands, cpu, stranding)
+    # the node's own fragmentation is the same for every pod shape scored on it
+    before: float | None = node.memo.get(config.fragmentation_key)
+    if before is None:
+        before = fragmentation(node, mix, islands, cpu, stranding)
+        _remember(node, config.fragmentation_key, before)
     delta = fragmentation(after, mix, islands, cpu_after, stranding) - before
     # a logistic curve: monotonic everywhere, so no two deltas collapse at a clamp
     exponent = max(-50.0, min(50.0, delta / _FRAG_SCALE_MILLI))
