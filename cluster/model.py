@@ -36,6 +36,13 @@ def product_matches(accepted: str, product: str) -> bool:
     return any(have[i : i + len(want)] == want for i in range(len(have) - len(want) + 1))
 
 
+def level_short_name(node_label: str) -> str:
+    """The name a topology level also answers to: its node label's name part, the text
+    after the last ``/`` (``rack`` for ``example.com/rack``). The webhook and the
+    extender both read ``tessera.dev/topology: required:<level>`` with this rule."""
+    return node_label.rsplit("/", 1)[-1]
+
+
 @dataclass(frozen=True, slots=True)
 class GpuDevice:
     """One GPU of a node: its index, its NVLink island, and how much of it is free."""

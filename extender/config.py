@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from cluster.labels import HOSTNAME
-from cluster.model import MILLI_PER_GPU, PodDemand
+from cluster.model import MILLI_PER_GPU, PodDemand, level_short_name
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class TopologyLevel:
         the last ``/``) and copies the annotation down as written, so the extender
         accepts the same spellings, and the configured name as well.
         """
-        return level in (self.name, self.node_label, self.node_label.rsplit("/", 1)[-1])
+        return level in (self.name, self.node_label, level_short_name(self.node_label))
 
 
 HOSTNAME_LEVEL = TopologyLevel("hostname", HOSTNAME)
@@ -256,4 +256,4 @@ class ExtenderConfig:
 
 def levels_from_labels(labels: Sequence[str]) -> tuple[TopologyLevel, ...]:
     """Levels named by their labels' name parts (``example.com/rack`` is ``rack``)."""
-    return tuple(TopologyLevel(label.rsplit("/", 1)[-1], label) for label in labels)
+    return tuple(TopologyLevel(level_short_name(label), label) for label in labels)

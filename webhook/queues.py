@@ -52,7 +52,7 @@ from types import MappingProxyType
 from typing import Any, Final, TypeGuard
 
 from cluster import labels
-from cluster.model import Taint
+from cluster.model import Taint, level_short_name
 from cluster.quantity import QuantityError, to_milli
 
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
@@ -388,11 +388,6 @@ class Topology:
         return tuple(short.get(label, label) for label in self.levels)
 
 
-def level_name_part(node_label: str) -> str:
-    """The name part of a node label: the text after the last ``/``."""
-    return node_label.rsplit("/", 1)[-1]
-
-
 def make_topology(name: str, levels: Iterable[str]) -> tuple[Topology, list[str]]:
     """A Topology with its name lookup built; also the ambiguity problems found."""
     levels = tuple(levels)
@@ -400,7 +395,7 @@ def make_topology(name: str, levels: Iterable[str]) -> tuple[Topology, list[str]
     names: dict[str, str] = {label: label for label in levels}
     by_part: dict[str, list[str]] = {}
     for label in levels:
-        by_part.setdefault(level_name_part(label), []).append(label)
+        by_part.setdefault(level_short_name(label), []).append(label)
     for part, owners in by_part.items():
         if len(owners) > 1:
             problems.append(
