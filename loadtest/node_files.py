@@ -23,8 +23,9 @@ the CPU-only nodes as one group), in file order, four to a rack and four racks t
 block; rack and block names carry ``synthetic``. They let the extender's topology path
 work at this scale; they say nothing about where the real machines stand.
 
-Queues: one ResourceFlavor per GPU model (the examples' flavors name other products),
-and for each team a ClusterQueue in one cohort holding its share of every model's GPUs
+Queues: one ResourceFlavor per GPU model (the examples' flavors name other products), in
+a Topology of the synthetic blocks and racks so that rack gangs are admitted, and for
+each team a ClusterQueue in one cohort holding its share of every model's GPUs
 (``trace_input.trace_policy``: the fleet's GPUs in all), with the examples' LocalQueues
 and their rules (default priority, time limits, max GPUs per job). Each queue tries the
 models with the most GPUs per node first, so multi-GPU jobs get boards that can hold
