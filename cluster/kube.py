@@ -189,6 +189,16 @@ class KubeConfig:
         return cls(server=f"https://{netloc}", token_file=token_file, ca_file=ca_file)
 
     @classmethod
+    async def of(
+        cls, kubeconfig: str | os.PathLike[str] | None, environ: Mapping[str, str]
+    ) -> KubeConfig:
+        """A server's choice: the ``kubeconfig`` file when it names one, else the pod's own
+        service account (``in_cluster``, from ``environ``)."""
+        if kubeconfig is not None:
+            return await cls.from_kubeconfig(kubeconfig)
+        return cls.in_cluster(environ)
+
+    @classmethod
     async def from_kubeconfig(
         cls,
         path: str | os.PathLike[str],

@@ -10,11 +10,12 @@ address, TLS, the errors that mean "cannot start").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import signal
 import sys
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from typing import Any
 
 import uvloop
@@ -27,6 +28,30 @@ from cluster.tls import CertReloader
 log = logging.getLogger(__name__)
 
 NOT_READY = 503
+
+
+@contextlib.asynccontextmanager
+async def background(work: Coroutine[Any, Any, None], name: str) -> AsyncIterator[None]:
+    """Run ``work`` as a task for as long as the block lasts, then cancel it. A task that
+    ends with an error on its own is logged at once: a watch that died must not go
+    unnoticed until the pod is restarted."""
+    task = asyncio.create_task(work, name=name)
+    task.add_done_callback(_report_end)
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _report_end(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error(
+            "background task ended",
+            exc_info=task.exception(),
+            extra=logs.fields(task=task.get_name()),
+        )
 
 
 def add_probes(
@@ -77,16 +102,16 @@ async def serve(
     log.info(
         "serving", extra=logs.fields(host=host, port=bound, tls=context is not None, **describe)
     )
-    reload_task = asyncio.create_task(reloader.run()) if reloader is not None else None
     stop = asyncio.Event()
     # Kubernetes stops a pod with SIGTERM: answer what is under way, then exit.
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
-        await stop.wait()
-        log.info("stopping")
+        async with contextlib.AsyncExitStack() as stack:
+            if reloader is not None:
+                await stack.enter_async_context(background(reloader.run(), "reload certificates"))
+            await stop.wait()
+            log.info("stopping")
     finally:
-        if reload_task is not None:
-            reload_task.cancel()
         await runner.cleanup()
 
 

@@ -23,14 +23,12 @@ every interval; a batch of pods at a time, so that requests are answered in betw
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from operator import attrgetter
-from typing import Any
 
 from aiohttp import web
 
@@ -331,7 +329,7 @@ async def _expire_assumptions(app: web.Application) -> AsyncIterator[None]:
             await asyncio.sleep(interval)
             cache.expire()
 
-    async with _running(loop(), "expire assumptions"):
+    async with serving.background(loop(), "expire assumptions"):
         yield
 
 
@@ -401,46 +399,22 @@ async def _learn_pod_mix(app: web.Application) -> AsyncIterator[None]:
                 await relearn_pod_mix(app, snapshot)
             await asyncio.sleep(settings.pod_mix_interval_s)
 
-    async with _running(loop(learned_at), "learn pod mix"):
+    async with serving.background(loop(learned_at), "learn pod mix"):
         yield
 
 
 async def _watch_cluster(app: web.Application) -> AsyncIterator[None]:
     """Nodes and pods from kube-apiserver into the cache; binds through the same client."""
     settings = app[SETTINGS]
-    if settings.kubeconfig is not None:
-        config = await KubeConfig.from_kubeconfig(str(settings.kubeconfig))
-    else:
-        config = KubeConfig.in_cluster(app[ENVIRON])
+    config = await KubeConfig.of(settings.kubeconfig, app[ENVIRON])
     async with KubeClient(config, user_agent="tessera-extender") as client:
         binds = app[BINDS]
         if binds.binder is None:
             binds.binder = ApiBinder(client, timeout_s=settings.bind_timeout_s)
         informers = CacheFeed(app[CACHE], levels=app[CONFIG].current.level_labels).informers(client)
         app[SOURCE].informers = informers
-        async with _running(run_all(informers), "watch nodes and pods"):
+        async with serving.background(run_all(informers), "watch nodes and pods"):
             yield
-
-
-@contextlib.asynccontextmanager
-async def _running(work: Coroutine[Any, Any, None], name: str) -> AsyncIterator[None]:
-    task = asyncio.create_task(work, name=name)
-    task.add_done_callback(_report_end)
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-def _report_end(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error(
-            "background task ended",
-            exc_info=task.exception(),
-            extra=logs.fields(task=task.get_name()),
-        )
 
 
 # ---------------------------------------------------------------- the app

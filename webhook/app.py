@@ -7,8 +7,6 @@ read the environment (``__main__`` does) or hold module-level state.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from aiohttp import web
@@ -72,16 +70,14 @@ def mutate_handler(
 
 async def _watch_kueue(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
-    if settings.kubeconfig is not None:
-        config = await KubeConfig.from_kubeconfig(str(settings.kubeconfig))
-    else:
-        config = KubeConfig.in_cluster(app[ENVIRON])
-    async with KubeClient(config, user_agent="tessera-webhook") as client:
-        task = asyncio.create_task(watch_policy(app[STORE], client, settings.kueue_version))
+    config = await KubeConfig.of(settings.kubeconfig, app[ENVIRON])
+    async with (
+        KubeClient(config, user_agent="tessera-webhook") as client,
+        serving.background(
+            watch_policy(app[STORE], client, settings.kueue_version), "watch Kueue objects"
+        ),
+    ):
         yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def create_app(

@@ -487,3 +487,14 @@ async def test_kubeconfig_problems_are_config_errors(
 async def test_a_missing_kubeconfig_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot load kubeconfig"):
         await KubeConfig.from_kubeconfig(tmp_path / "nope")
+
+
+async def test_a_server_uses_its_kubeconfig_when_given_else_its_service_account(
+    tmp_path: Path,
+) -> None:
+    kubeconfig = _kubeconfig(tmp_path / "config", "https://k8s:6443", {"u": {"token": "t"}}, "u")
+    given = await KubeConfig.of(kubeconfig, {})
+    assert (given.server, given.token) == ("https://k8s:6443", "t")
+    # no kubeconfig and no KUBERNETES_SERVICE_HOST: the in-cluster error, naming what lacks
+    with pytest.raises(ConfigError, match="not running in a cluster"):
+        await KubeConfig.of(None, {})
