@@ -25,6 +25,7 @@ from cryptography import x509
 from certs.issue import cert_pem, generate_key, issue_leaf, key_pem
 from certs.plan import make_plan, service_names
 from certs.store import write_atomic
+from cluster import serving
 from cluster.clock import SystemClock
 from cluster.tls import CertReloader, TLSConfigError, client_context, server_context
 from tests.certfiles import MTLS_CLIENTS, Material, make_material
@@ -212,17 +213,6 @@ def reissue(material: Material, name: str = "localhost") -> tuple[bytes, bytes]:
     return cert_pem(cert), key_pem(key)
 
 
-@contextlib.asynccontextmanager
-async def reloading(reloader: CertReloader) -> AsyncIterator[None]:
-    task = asyncio.create_task(reloader.run())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 @dataclass
 class Stream:
     """GET / one after another until stopped, noting which certificate served each answer.
@@ -298,7 +288,10 @@ async def test_a_symlink_swap_is_served_without_dropping_a_request(
     old_serial = reloader.certificate.serial_number
     trust = client_context(material["ca.crt"])
 
-    async with serve(reloader.context) as port, reloading(reloader):
+    async with (
+        serve(reloader.context) as port,
+        serving.background(reloader.run(), "reload certificates"),
+    ):
         stop = asyncio.Event()
         keep_alive = Stream(port, trust, keep_alive=True)
         fresh = Stream(port, trust, keep_alive=False)
