@@ -16,8 +16,6 @@ import contextlib
 import copy
 import logging
 import os
-import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -44,9 +42,11 @@ from extender import wire
 from extender.app import CACHE, create_app
 from extender.binder import Binder, BindError, MemoryBinder, Placement
 from extender.settings import ExtenderSettings, parse_levels
+from loadtest.pinned import free_port
 from tests.builders import RACK_LABEL, node_json, pod_json
 from tests.certfiles import MTLS_CLIENTS, Material, make_material
 from tests.fakeapi import FakeApiServer, Fault
+from tests.processes import server_main, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPTURES = ROOT.parent / "shared" / "captures"
@@ -121,13 +121,6 @@ def bind_args(pod: Mapping[str, Any], node: str) -> bytes:
 
 def key_of(pod: Mapping[str, Any]) -> PodKey:
     return PodKey(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 # ---------------------------------------------------------------- the server under test
@@ -899,9 +892,10 @@ async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
     material: Material, tmp_path: Path
 ) -> None:
     port = free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
+    context = client_context(
+        material["ca.crt"], material["kube-scheduler.crt"], material["kube-scheduler.key"]
+    )
+    async with server_main(
         "extender",
         "--port",
         str(port),
@@ -913,24 +907,12 @@ async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
         str(material["ca-bundle.crt"]),
         "--cluster-file",
         str(capture_cluster(tmp_path)),
-        cwd=ROOT,
         env=main_env(TESSERA_EXTENDER_TOPOLOGY_LEVELS=LEVELS_TEXT),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    context = client_context(
-        material["ca.crt"], material["kube-scheduler.crt"], material["kube-scheduler.key"]
-    )
-    try:
+    ) as server:
         connector = aiohttp.TCPConnector(ssl=context)
         async with aiohttp.ClientSession(connector=connector) as session:
+            await wait_ready(session, f"https://localhost:{port}/readyz")
             ext = Extender(f"https://localhost:{port}", session, web.Application())
-            async with asyncio.timeout(30):
-                while True:
-                    with contextlib.suppress(aiohttp.ClientConnectionError):
-                        if (await ext.get("/readyz"))[0] == 200:
-                            break
-                    await asyncio.sleep(0.1)
             assert await ext.replay("008-ext-cache-filter") == (
                 200,
                 captured("009-ext-cache-filter-response.json"),
@@ -939,14 +921,7 @@ async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
                 200,
                 captured("017-ext-cache-bind-response.json"),
             )
-        process.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(30):
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        assert process.stderr is not None
-        logged = (await process.stderr.read()).decode()
+        assert await server.stop() == 0
+    logged = server.logged
     assert "serving" in logged
     assert "bound pod=team-nlp/finetune-cslh4-lmxmr node=gpu-b gpus=0,1,2,3" in logged

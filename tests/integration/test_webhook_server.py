@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -24,7 +22,9 @@ from aiohttp import web
 from cluster import jsonio
 from cluster.clock import ManualClock
 from cluster.tls import CertReloader, client_context
+from loadtest.pinned import free_port
 from tests.certfiles import Material, make_material
+from tests.processes import server_main, wait_ready
 from webhook.app import create_app
 from webhook.patch import apply_patch
 from webhook.settings import WebhookSettings
@@ -200,13 +200,6 @@ async def test_plain_http_gets_no_answer(server: Server) -> None:
                 await response.read()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def run_main(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "webhook", *args],
@@ -242,9 +235,8 @@ def test_main_refuses_a_missing_certificate(tmp_path: Path) -> None:
 
 async def test_main_serves_the_policy_file_over_tls(material: Material) -> None:
     port = free_port()
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
+    context: ssl.SSLContext = client_context(material["ca.crt"])
+    async with server_main(
         "webhook",
         "--host",
         "127.0.0.1",
@@ -256,35 +248,16 @@ async def test_main_serves_the_policy_file_over_tls(material: Material) -> None:
         str(material["webhook.key"]),
         "--policy-file",
         str(POLICY),
-        cwd=ROOT,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    context: ssl.SSLContext = client_context(material["ca.crt"])
-    try:
+    ) as server:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
-            async with asyncio.timeout(30):
-                while True:
-                    try:
-                        async with session.get(f"https://localhost:{port}/readyz") as response:
-                            if response.status == 200:
-                                break
-                    except aiohttp.ClientConnectionError:
-                        await asyncio.sleep(0.1)
-            server = Server(f"https://localhost:{port}", session, PolicyStore(ManualClock()))
-            status, answer = await server.post(jsonio.dumps(captured_job_review()))
+            await wait_ready(session, f"https://localhost:{port}/readyz")
+            webhook = Server(f"https://localhost:{port}", session, PolicyStore(ManualClock()))
+            status, answer = await webhook.post(jsonio.dumps(captured_job_review()))
             assert status == 200
             assert answer["response"]["allowed"] is True
         # Kubernetes stops a pod with SIGTERM: a clean exit, not a traceback
-        process.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(30):
-            assert await process.wait() == 0
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        assert process.stderr is not None
-        logged = (await process.stderr.read()).decode()
+        assert await server.stop() == 0
+    logged = server.logged
     assert "serving" in logged
     assert "stopping" in logged
     assert "Traceback" not in logged
