@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from cluster import labels
 from cluster.model import Taint
+from tests.builders import KUEUE, Quota, cq_obj, flavor_obj, lq_obj, topology_obj, wpc_obj
 from webhook.queues import (
     Limit,
     PolicyError,
@@ -22,101 +23,6 @@ from webhook.queues import (
     parse_seconds,
     policy_from_objects,
 )
-
-KUEUE = "kueue.x-k8s.io/v1beta2"
-
-# ---------------------------------------------------------------- builders of Kueue objects
-
-
-def flavor_obj(
-    name: str,
-    node_labels: dict[str, str] | None = None,
-    *,
-    taints: list[dict[str, str]] | None = None,
-    topology: str | None = None,
-) -> dict[str, Any]:
-    spec: dict[str, Any] = {}
-    if node_labels is not None:
-        spec["nodeLabels"] = node_labels
-    if taints:
-        spec["nodeTaints"] = taints
-    if topology:
-        spec["topologyName"] = topology
-    return {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": name}, "spec": spec}
-
-
-Quota = tuple[Any, ...]
-"""(nominal,) or (nominal, borrowingLimit) or (nominal, borrowingLimit, lendingLimit)."""
-
-
-def cq_obj(
-    name: str,
-    flavors: dict[str, dict[str, Quota]],
-    *,
-    cohort: str | None = None,
-    annotations: dict[str, str] | None = None,
-    v1beta1: bool = False,
-) -> dict[str, Any]:
-    """One resource group covering every resource the flavors name."""
-    covered: list[str] = []
-    rows = []
-    for flavor, resources in flavors.items():
-        out = []
-        for resource, quota in resources.items():
-            if resource not in covered:
-                covered.append(resource)
-            row: dict[str, Any] = {"name": resource, "nominalQuota": quota[0]}
-            if len(quota) > 1 and quota[1] is not None:
-                row["borrowingLimit"] = quota[1]
-            if len(quota) > 2 and quota[2] is not None:
-                row["lendingLimit"] = quota[2]
-            out.append(row)
-        rows.append({"name": flavor, "resources": out})
-    spec: dict[str, Any] = {"resourceGroups": [{"coveredResources": covered, "flavors": rows}]}
-    if cohort is not None:
-        spec["cohort" if v1beta1 else "cohortName"] = cohort
-    metadata: dict[str, Any] = {"name": name}
-    if annotations:
-        metadata["annotations"] = annotations
-    return {
-        "apiVersion": "kueue.x-k8s.io/v1beta1" if v1beta1 else KUEUE,
-        "kind": "ClusterQueue",
-        "metadata": metadata,
-        "spec": spec,
-    }
-
-
-def lq_obj(
-    namespace: str, name: str, cluster_queue: str, annotations: dict[str, str] | None = None
-) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"namespace": namespace, "name": name}
-    if annotations:
-        metadata["annotations"] = annotations
-    return {
-        "apiVersion": KUEUE,
-        "kind": "LocalQueue",
-        "metadata": metadata,
-        "spec": {"clusterQueue": cluster_queue},
-    }
-
-
-def topology_obj(name: str, levels: list[str]) -> dict[str, Any]:
-    return {
-        "apiVersion": KUEUE,
-        "kind": "Topology",
-        "metadata": {"name": name},
-        "spec": {"levels": [{"nodeLabel": level} for level in levels]},
-    }
-
-
-def wpc_obj(name: str, value: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": KUEUE,
-        "kind": "WorkloadPriorityClass",
-        "metadata": {"name": name},
-        "value": value,
-    }
-
 
 GPU = labels.GPU_RESOURCE
 MILLI = labels.GPU_MILLI_RESOURCE

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from cluster import labels
 from cluster.model import Taint, product_matches
-from tests.unit.test_webhook_queues import cq_obj, flavor_obj, lq_obj, topology_obj, wpc_obj
+from tests.builders import cq_obj, flavor_obj, lq_obj, topology_obj, wpc_obj
 from webhook.patch import Draft, clone, diff
 from webhook.policy import (
     AdmitConfig,

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from cluster import labels
 from cluster.clock import ManualClock
 from cluster.files import load_objects
+from tests.builders import KUEUE, cq_obj, flavor_obj, lq_obj
 from webhook.queues import Policy, parse_objects, policy_from_objects, policy_view
 from webhook.source import KUEUE_RESOURCES, PolicyStore
 
-KUEUE = "kueue.x-k8s.io/v1beta2"
 GPU = labels.GPU_RESOURCE
 POLICY = Path(__file__).resolve().parents[1] / "golden" / "webhook" / "policy.yaml"
 PLURAL = {
@@ -36,34 +36,15 @@ PLURAL = {
 
 
 def lq(name: str, cq: str = "cq", **annotations: str) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"namespace": "ns", "name": name}
-    if annotations:
-        metadata["annotations"] = annotations
-    return {
-        "apiVersion": KUEUE,
-        "kind": "LocalQueue",
-        "metadata": metadata,
-        "spec": {"clusterQueue": cq},
-    }
+    return lq_obj("ns", name, cq, annotations or None)
 
 
 def cq(name: str = "cq", gpus: int = 8) -> dict[str, Any]:
-    flavor = {"name": "h100", "resources": [{"name": GPU, "nominalQuota": gpus}]}
-    return {
-        "apiVersion": KUEUE,
-        "kind": "ClusterQueue",
-        "metadata": {"name": name},
-        "spec": {"resourceGroups": [{"coveredResources": [GPU], "flavors": [flavor]}]},
-    }
+    return cq_obj(name, {"h100": {GPU: (gpus,)}})
 
 
 def flavor(name: str = "h100") -> dict[str, Any]:
-    return {
-        "apiVersion": KUEUE,
-        "kind": "ResourceFlavor",
-        "metadata": {"name": name},
-        "spec": {"nodeLabels": {labels.GFD_PRODUCT: "NVIDIA-H100-80GB-HBM3"}},
-    }
+    return flavor_obj(name, {labels.GFD_PRODUCT: "NVIDIA-H100-80GB-HBM3"})
 
 
 def wpc(name: str = "batch", value: Any = 100) -> dict[str, Any]:
