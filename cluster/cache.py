@@ -259,7 +259,7 @@ class ClusterCache:
         """The current state; the same object until the generation changes."""
         if self._snapshot.generation != self._generation:
             if self._nodes_view is None:
-                self._nodes_view = MappingProxyType(dict(self._nodes))
+                self._nodes_view = dict(self._nodes)
             if self._assumed_view is None:
                 self._assumed_view = frozenset(self._assumed)
             self._snapshot = Snapshot(

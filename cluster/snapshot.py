@@ -10,11 +10,11 @@ change (whole ``NodeState`` objects, whole shards of the pod maps).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import chain, islice
 from types import MappingProxyType
-from typing import Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 from cluster.model import (
     MILLI_PER_GPU,
@@ -170,6 +170,13 @@ class Snapshot:
     allocations: Mapping[PodKey, Allocation] = field(default_factory=ShardedMap.empty)
     gangs: Mapping[GangId, tuple[PodKey, ...]] = field(default_factory=ShardedMap.empty)
     assumed: frozenset[PodKey] = frozenset()
+    memo: dict[Hashable, Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+    """What readers derived from the whole snapshot (room per topology domain for a
+    gang), kept by those readers for as long as this generation lasts: the cache hands
+    out the same snapshot until it changes, so the requests of one scheduling cycle
+    (filter, prioritize, bind) share it. Not part of equality, hashing or ``repr``."""
 
     def gang_nodes(self, gang: GangId) -> tuple[NodeName, ...]:
         """Nodes holding the gang's placed or assumed members, one entry per member."""

@@ -227,6 +227,15 @@ class ExtenderConfig:
     fragmentation_key: str = field(init=False, repr=False, compare=False)
     """The key a node memoizes its own fragmentation under (one string object, so its
     hash is computed once)."""
+    by_state: dict[object, object] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+    """Verdicts and scores by node *state* rather than by node object, for the
+    ``extender.plugins`` memos: a node that changed (a bind took a GPU) often reaches a
+    state that it, or another node, was in before, and then finds its answers here
+    instead of computing them afresh. Sound for the same reason as ``NodeState.memo``:
+    the key holds everything the answer reads. Belongs to this config, so a new config
+    (a new pod mix) starts empty."""
 
     def __post_init__(self) -> None:
         key = f"{self.islands_required}|{self.cpu_stranding}|{self.weights!r}|{self.pod_mix!r}"

@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterable, Mapping
+import sys
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from types import MappingProxyType
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, cast
 
 from cluster.labels import GPU_RESOURCE, HOSTNAME
 from cluster.model import (
@@ -133,6 +135,13 @@ class PodContext:
     now: datetime
     config: ExtenderConfig
     gang: GangView | None = None
+    fits_key: str = field(init=False, repr=False, compare=False)
+    """The memo key of ``pod_fits`` for this pod, which gang filters read per node."""
+
+    def __post_init__(self) -> None:
+        d = self.demand
+        key = sys.intern(f"p|{d.gpus}|{d.gpu_milli}|{self.config.islands_required}")
+        object.__setattr__(self, "fits_key", key)
 
 
 def build_context(
@@ -212,27 +221,127 @@ def _rooms(
 ) -> dict[str, DomainRoom]:
     """Room for members of the gang per domain at ``label``, over every known node that
     could take one of them at all. Whole pods per node, not GPU sums: eight GPUs free as
-    two per node hold no member of four GPUs."""
-    free: dict[str, int] = {}
-    total: dict[str, int] = {}
-    fkey, pkey = filter_key(ctx), _fits_key(ctx)
-    rkey = f"r|{fkey}|{pkey}|{label}"
-    for node in snapshot.nodes.values():
-        # what the node adds, from its memo: (domain, fits now, fits empty), or None
-        # when it has no domain at the level or cordon/product rule it out
-        entry: _Room = node.memo.get(rkey, _UNKNOWN)
-        if entry is _UNKNOWN:
-            entry = _room_entry(ctx, node, label, fkey, pkey)
-            _remember(node, rkey, entry)
-        if entry is None:
-            continue
-        if node.drain_after is not None and filter_maintenance(ctx, node) is not FIT:
-            continue
-        value, fits, empty = entry
-        node_fits[node.name] = fits
-        free[value] = free.get(value, 0) + fits
-        total[value] = total.get(value, 0) + empty
+    two per node hold no member of four GPUs.
+
+    Counting every node is the costly part of a gang's first member, so the count is
+    kept (``_room_tally``): for the snapshot, which the member's filter, prioritize and
+    bind share, and from one snapshot to the next, where only changed nodes are counted
+    again. Draining nodes are kept aside: whether they may take the pod depends on the
+    time.
+    """
+    fkey, pkey = filter_key(ctx), ctx.fits_key
+    rkey = sys.intern(f"r|{fkey}|{pkey}|{label}")
+    tally: _RoomTally | None = snapshot.memo.get(rkey)
+    if tally is None:
+        tally = _room_tally(snapshot, ctx, _RoomKeys(label, rkey, fkey, pkey))
+        snapshot.memo[rkey] = tally
+    free, total = tally.free, tally.total
+    if tally.draining:
+        free, total = dict(free), dict(total)
+        for node, (value, fits, empty) in tally.draining.values():
+            if filter_maintenance(ctx, node) is not FIT:
+                continue
+            node_fits[node.name] = fits
+            free[value] = free.get(value, 0) + fits
+            total[value] = total.get(value, 0) + empty
+    node_fits.update(tally.fits_on)
     return {value: DomainRoom(free[value], total[value]) for value in free}
+
+
+@dataclass(frozen=True, slots=True)
+class _RoomKeys:
+    label: str
+    room: str
+    filters: str
+    fits: str
+
+
+@dataclass(slots=True)
+class _RoomTally:
+    """Room per domain value over the nodes counted so far (draining nodes aside). Never
+    changed once in a memo: a newer count starts from a copy."""
+
+    free: dict[str, int] = field(default_factory=dict)
+    total: dict[str, int] = field(default_factory=dict)
+    nodes_in: dict[str, int] = field(default_factory=dict)
+    fits_on: dict[NodeName, int] = field(default_factory=dict)
+    """Members each node holds now."""
+    draining: dict[NodeName, tuple[NodeState, tuple[str, int, int]]] = field(default_factory=dict)
+
+    def copy(self) -> _RoomTally:
+        return _RoomTally(
+            dict(self.free),
+            dict(self.total),
+            dict(self.nodes_in),
+            dict(self.fits_on),
+            dict(self.draining),
+        )
+
+    def count(self, node: NodeState, entry: _Room, sign: int) -> None:
+        """Count ``node`` in (``sign`` 1) or out (-1), with ``entry`` from ``_room_entry``."""
+        if entry is None:
+            return
+        if node.drain_after is not None:
+            if sign > 0:
+                self.draining[node.name] = (node, entry)
+            else:
+                self.draining.pop(node.name, None)
+            return
+        value, fits, empty = entry
+        if sign > 0:
+            self.fits_on[node.name] = fits
+        else:
+            self.fits_on.pop(node.name, None)
+        left = self.nodes_in.get(value, 0) + sign
+        if left <= 0:
+            for counts in (self.free, self.total, self.nodes_in):
+                counts.pop(value, None)
+            return
+        self.nodes_in[value] = left
+        self.free[value] = self.free.get(value, 0) + sign * fits
+        self.total[value] = self.total.get(value, 0) + sign * empty
+
+
+def _room_tally(snapshot: Snapshot, ctx: PodContext, keys: _RoomKeys) -> _RoomTally:
+    """The room count for ``snapshot``: from the last count made under ``ctx.config``
+    for these keys, with the nodes that changed since counted again (found by object
+    identity: a changed node is a new object), or from scratch the first time."""
+    nodes = snapshot.nodes
+    carried = cast(
+        "tuple[Mapping[NodeName, NodeState], _RoomTally] | None",
+        ctx.config.by_state.get(("rooms", keys.room)),
+    )
+    if carried is None:
+        tally = _RoomTally()
+        for node in nodes.values():
+            tally.count(node, _room_of(ctx, node, keys), 1)
+    else:
+        seen, before = carried
+        if seen is nodes:
+            return before
+        changed = [name for name, node in nodes.items() if seen.get(name) is not node]
+        added = sum(1 for name in changed if name not in seen)
+        if len(seen) + added != len(nodes):
+            changed.extend(seen.keys() - nodes.keys())
+        tally = before.copy()
+        for name in changed:
+            old, new = seen.get(name), nodes.get(name)
+            if old is not None:
+                tally.count(old, _room_of(ctx, old, keys), -1)
+            if new is not None:
+                tally.count(new, _room_of(ctx, new, keys), 1)
+    _share(ctx.config, ("rooms", keys.room), (nodes, tally))
+    return tally
+
+
+def _room_of(ctx: PodContext, node: NodeState, keys: _RoomKeys) -> _Room:
+    """What ``node`` adds to the room count, from its memo: (domain, fits now, fits
+    empty), or None when it has no domain at the level or cordon or product rule it out."""
+    entry: _Room = node.memo.get(keys.room, _UNKNOWN)
+    if entry is _UNKNOWN:
+        entry = _room_entry(ctx, node, keys.label, keys.filters, keys.fits)
+        _remember(node, keys.room, entry)
+    return entry
 
 
 _Room: TypeAlias = tuple[str, int, int] | None
@@ -253,20 +362,19 @@ def _room_entry(ctx: PodContext, node: NodeState, label: str, fkey: str, pkey: s
     return (value, fits, empty)
 
 
-def _fits_key(ctx: PodContext) -> str:
-    d = ctx.demand
-    return f"p|{d.gpus}|{d.gpu_milli}|{ctx.config.islands_required}"
-
-
 def _fits(ctx: PodContext, node: NodeState, key: str) -> tuple[int, int]:
-    """``pod_fits`` now and empty, kept in the node's memo under ``key = _fits_key(ctx)``."""
+    """``pod_fits`` now and empty, kept in the node's memo under ``key = ctx.fits_key``."""
     found: tuple[int, int] | None = node.memo.get(key)
     if found is None:
-        demand, islands_required = ctx.demand, ctx.config.islands_required
-        found = (
-            pod_fits(node, demand, islands_required),
-            pod_fits(node, demand, islands_required, empty=True),
-        )
+        shared = (key, gpu_state(node))
+        found = cast("tuple[int, int] | None", ctx.config.by_state.get(shared))
+        if found is None:
+            demand, islands_required = ctx.demand, ctx.config.islands_required
+            found = (
+                pod_fits(node, demand, islands_required),
+                pod_fits(node, demand, islands_required, empty=True),
+            )
+            _share(ctx.config, shared, found)
         _remember(node, key, found)
     return found
 
@@ -276,6 +384,37 @@ def _remember(node: NodeState, key: str, value: object) -> None:
     if len(memo) >= _MEMO_LIMIT:
         memo.clear()
     memo[key] = value
+
+
+_GPU_STATE: Final = attrgetter("index", "island", "healthy", "free_milli")
+_STATE_KEY: Final = "state"
+_BY_STATE_LIMIT: Final = 100_000
+"""Entries ``ExtenderConfig.by_state`` holds before it starts over: a few per distinct
+node state and pod shape, so tens of megabytes at most."""
+
+
+def gpu_state(node: NodeState) -> Hashable:
+    """Everything the node-only filters and ``pod_fits`` read of a node: its GPU product,
+    cordon, pod limit, and each GPU's index, island, health and free milli. Nodes in one
+    state get the same verdicts; the key they share them under in ``by_state``."""
+    state = node.memo.get(_STATE_KEY)
+    if state is None:
+        gpus = tuple(map(_GPU_STATE, node.gpus))
+        state = (node.product, node.unschedulable, node.max_pods, gpus)
+        _remember(node, _STATE_KEY, state)
+    return cast("Hashable", state)
+
+
+def _score_state(node: NodeState) -> Hashable:
+    """``gpu_state`` and the CPU, which packing reads as well."""
+    return (gpu_state(node), node.cpu_milli > 0, node.cpu_free_milli)
+
+
+def _share(config: ExtenderConfig, key: Hashable, value: object) -> None:
+    table = config.by_state
+    if len(table) >= _BY_STATE_LIMIT:
+        table.clear()
+    table[key] = value
 
 
 # ---------------------------------------------------------------- GPU arithmetic
@@ -547,7 +686,7 @@ def domain_room(ctx: PodContext, gang: GangView, value: str, node: NodeState) ->
     before = gang.node_fits.get(node.name)
     if before is None:
         return room.free, room.total
-    now, _ = _fits(ctx, node, _fits_key(ctx))
+    now, _ = _fits(ctx, node, ctx.fits_key)
     return room.free - before + now, room.total
 
 
@@ -602,13 +741,17 @@ def filter_key(ctx: PodContext) -> str:
     nodes memoize their verdicts under it. Computed once per request by callers that
     filter many nodes (``run_filters_keyed``)."""
     d = ctx.demand
-    return f"f|{d.gpus}|{d.gpu_milli}|{d.products!r}|{ctx.config.islands_required}"
+    return sys.intern(f"f|{d.gpus}|{d.gpu_milli}|{d.products!r}|{ctx.config.islands_required}")
 
 
 def _static_verdicts(ctx: PodContext, node: NodeState, key: str) -> _Static:
-    cordon, product = filter_schedulable(ctx, node), filter_product(ctx, node)
-    gpus = filter_gpus(ctx, node)
-    found = (_combine((cordon, product, gpus)), cordon, product, gpus)
+    shared = (key, gpu_state(node))
+    found = cast("_Static | None", ctx.config.by_state.get(shared))
+    if found is None:
+        cordon, product = filter_schedulable(ctx, node), filter_product(ctx, node)
+        gpus = filter_gpus(ctx, node)
+        found = (_combine((cordon, product, gpus)), cordon, product, gpus)
+        _share(ctx.config, shared, found)
     _remember(node, key, found)
     return found
 
@@ -808,7 +951,7 @@ def score_gang_locality(ctx: PodContext, node: NodeState) -> float:
             return 0.0
         free, _ = domain_room(ctx, gang, value, node)
         return MAX_SCORE * min(1.0, free / need)
-    fits, _ = _fits(ctx, node, _fits_key(ctx))
+    fits, _ = _fits(ctx, node, ctx.fits_key)
     return MAX_SCORE * min(1.0, fits / need)
 
 
@@ -851,7 +994,7 @@ def score_key(ctx: PodContext) -> str:
     """What the node-only scorers (packing, island fit) read of the pod and the config:
     nodes memoize their part of the score under it."""
     d = ctx.demand
-    return f"s|{d.gpus}|{d.gpu_milli}|{d.cpu_milli}|{ctx.config.scoring_key}"
+    return sys.intern(f"s|{d.gpus}|{d.gpu_milli}|{d.cpu_milli}|{ctx.config.scoring_key}")
 
 
 def static_score(ctx: PodContext, node: NodeState, key: str) -> float | None:
@@ -860,15 +1003,21 @@ def static_score(ctx: PodContext, node: NodeState, key: str) -> float | None:
     if key in memo:
         known: float | None = memo[key]
         return known
-    choice = choose_gpus(node, ctx.demand, ctx.config)
-    total: float | None = None
-    if choice is not None:
-        weights = ctx.config.weights
-        total = 0.0
-        if weights.packing:
-            total += weights.packing * _packing(ctx, node, choice)
-        if weights.island_fit:
-            total += weights.island_fit * _island_fit(ctx, node, choice)
+    shared = (key, _score_state(node))
+    table = ctx.config.by_state
+    if shared in table:
+        total = cast("float | None", table[shared])
+    else:
+        choice = choose_gpus(node, ctx.demand, ctx.config)
+        total = None
+        if choice is not None:
+            weights = ctx.config.weights
+            total = 0.0
+            if weights.packing:
+                total += weights.packing * _packing(ctx, node, choice)
+            if weights.island_fit:
+                total += weights.island_fit * _island_fit(ctx, node, choice)
+        _share(ctx.config, shared, total)
     _remember(node, key, total)
     return total
 

@@ -1,7 +1,11 @@
-"""What a node remembers between requests (``NodeState.memo``) never changes a decision:
+"""What the extender remembers between requests never changes a decision:
 
 * a node answers the same verdict and score with a warm memo as a fresh copy does,
   whatever pod shapes and configurations filled the memo before;
+* answers shared by node state (``ExtenderConfig.by_state``) are the ones a fresh
+  configuration gives each node on its own, and nodes in one state do share them;
+* a gang's room per domain, carried from one snapshot to the next as nodes change, is
+  the room counted afresh on the same cluster;
 * a changed node (an allocation, a cordon, a GPU gone unhealthy) is a new object with an
   empty memo, so the change shows at once;
 * the memo is no part of a node's equality or repr, and stays bounded.
@@ -14,8 +18,8 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.model import Allocation, GpuDevice, NodeName, NodeState, PodDemand
-from cluster.snapshot import apply_allocation
+from cluster.model import Allocation, GpuDevice, NodeName, NodeState, PodDemand, PodInfo
+from cluster.snapshot import Snapshot, apply_allocation, pick_gpus
 from extender.config import ExtenderConfig
 from extender.plugins import FIT, Unfit, build_context, run_filters, score_node
 from tests.unit.test_extender_builders import (
@@ -126,3 +130,96 @@ def test_a_gang_sees_room_taken_since_its_last_request() -> None:
     )
     assert isinstance(later, Unfit)
     assert "rack r1 has room for 1 member" in later.reason
+
+
+@settings(max_examples=100)
+@given(
+    group=st.lists(nodes(), min_size=1, max_size=6),
+    demands=st.lists(DEMANDS, min_size=1, max_size=4),
+    config=CONFIGS,
+)
+def test_answers_shared_by_state_are_each_nodes_own(
+    group: list[NodeState], demands: list[PodDemand], config: ExtenderConfig
+) -> None:
+    warm = replace(config)  # a config of its own, with an empty by_state
+    for each in group:
+        for want in demands:
+            _decide(each, want, warm)
+    for each in group:
+        for want in demands:
+            # fresh node objects: their answers come from by_state, or afresh
+            assert _decide(replace(each), want, warm) == _decide(
+                replace(each), want, replace(config)
+            )
+
+
+def test_nodes_in_one_state_share_their_answers() -> None:
+    config = replace(CONFIG)
+    first = _node(1000, 1000, 0, 0, 1000, 0, 0, 0)
+    _decide(first, PodDemand(gpus=2), config)
+    shared = len(config.by_state)
+    twin = replace(first, name=NodeName("n2"))
+    assert _decide(twin, PodDemand(gpus=2), config) == _decide(first, PodDemand(gpus=2), config)
+    assert len(config.by_state) == shared  # the twin computed nothing new
+    other = _node(1000, 1000, 1000, 0, 1000, 0, 0, 0)
+    _decide(other, PodDemand(gpus=2), config)
+    assert len(config.by_state) > shared
+
+
+_RACKS = ("r1", "r1", "r2", "r2", "r3", "r3")
+_STEPS = st.lists(
+    st.tuples(st.sampled_from(["take", "take", "give", "cordon", "drain"]), st.integers(0, 5)),
+    max_size=12,
+)
+
+
+def _rooms_of(snap: Snapshot, config: ExtenderConfig) -> tuple[object, object]:
+    member = pod("m0", demand(4, gang="ns.job", size=2, topology="required:rack"))
+    gang = build_context(snap, member, config, NOW).gang
+    assert gang is not None
+    return gang.rooms, gang.node_fits
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layouts=st.lists(
+        st.sampled_from([".... ....", "xx.. ....", "xxxx xx..", "xxxx xxxx"]),
+        min_size=6,
+        max_size=6,
+    ),
+    steps=_STEPS,
+)
+def test_room_counts_carried_across_snapshots_match_a_fresh_count(
+    layouts: list[str], steps: list[tuple[str, int]]
+) -> None:
+    base = [
+        node(layout, f"n{i}", rack=rack)
+        for i, (layout, rack) in enumerate(zip(layouts, _RACKS, strict=True))
+    ]
+    config = replace(CONFIG)
+    live = cluster(base)
+    placed: list[PodInfo] = []
+    current = {n.name: n for n in base}
+    _rooms_of(live.snapshot(), config)  # the first count, carried from here on
+    for number, (action, index) in enumerate(steps):
+        name = NodeName(f"n{index}")
+        if action == "take":
+            state = live.snapshot().nodes[name]
+            indices = pick_gpus(state, PodDemand(gpus=2))
+            if indices is not None:
+                taker = pod(f"t{number}", demand(2), node=name, indices=indices)
+                live.upsert_pod(taker)
+                placed.append(taker)
+        elif action == "give" and placed:
+            gone = placed.pop(index % len(placed))
+            live.delete_pod(gone.key)
+        else:
+            changed = (
+                replace(current[name], unschedulable=True)
+                if action == "cordon"
+                else replace(current[name], drain_after=NOW)
+            )
+            current[name] = changed
+            live.upsert_node(changed)
+        fresh = cluster(current.values(), placed).snapshot()
+        assert _rooms_of(live.snapshot(), config) == _rooms_of(fresh, replace(CONFIG))
