@@ -52,6 +52,7 @@ from cluster.model import (
 from cluster.snapshot import (
     GROUP_BITS,
     GROUP_SIZE,
+    NodeChangeLog,
     ShardedMap,
     Shards,
     Snapshot,
@@ -246,7 +247,8 @@ class ClusterCache:
         # cheap (no dataclass construction) and memory flat
         self._gpu_pool: dict[tuple[int, int, bool, int], GpuDevice] = {}
         self._totals = {"confirmed": 0, "expired": 0, "forgotten": 0, "conflicts": 0}
-        self._snapshot = Snapshot()
+        self._node_log = NodeChangeLog()
+        self._snapshot = Snapshot(node_log=self._node_log)
 
     # ------------------------------------------------------------------ readers
 
@@ -264,6 +266,7 @@ class ClusterCache:
                 self._assumed_view = frozenset(self._assumed)
             self._snapshot = Snapshot(
                 generation=self._generation,
+                node_log=self._node_log,
                 nodes=self._nodes_view,
                 pods=self._pods.freeze(),
                 allocations=self._allocs.freeze(),
@@ -739,6 +742,7 @@ class ClusterCache:
             self._nodes[name] = node
         self._nodes_view = None
         self._changed = True
+        self._node_log.record(self._generation + 1, name)  # the generation _flush makes
 
     def _with_used(self, base: NodeState, used: Mapping[int, int], cpu: int = 0) -> NodeState:
         if not any(used.values()):

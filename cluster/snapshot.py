@@ -10,6 +10,7 @@ change (whole ``NodeState`` objects, whole shards of the pod maps).
 from __future__ import annotations
 
 import zlib
+from bisect import bisect_right
 from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from itertools import chain, islice
@@ -151,6 +152,46 @@ def _no_nodes() -> Mapping[NodeName, NodeState]:
     return MappingProxyType({})
 
 
+class NodeChangeLog:
+    """Which nodes changed at which generation, for the last changes the cache made.
+
+    Written only by the cache (``record``, as a node's state is replaced), read through
+    the snapshots: a reader that derived something per node at one generation brings it
+    up to a later one by redoing just the nodes ``since`` names, instead of looking at
+    every node. Bounded: it forgets the oldest changes, and then says so (``None``).
+    """
+
+    __slots__ = ("_floor", "_generations", "_limit", "_names")
+
+    def __init__(self, limit: int = 8192) -> None:
+        self._generations: list[int] = []
+        self._names: list[NodeName] = []
+        self._floor = 0
+        """Every change made after this generation is still in the log."""
+        self._limit = limit
+
+    def record(self, generation: int, name: NodeName) -> None:
+        """``name`` changed in ``generation`` (never lower than one recorded before)."""
+        self._generations.append(generation)
+        self._names.append(name)
+        if len(self._names) > 2 * self._limit:
+            cut = len(self._names) - self._limit
+            floor = self._generations[cut - 1]
+            while cut < len(self._generations) and self._generations[cut] == floor:
+                cut += 1  # a generation is kept whole or not at all
+            del self._generations[:cut], self._names[:cut]
+            self._floor = floor
+
+    def since(self, generation: int, upto: int) -> list[NodeName] | None:
+        """Nodes changed after ``generation`` up to ``upto`` (repeats possible), or
+        ``None`` when the log no longer reaches back to ``generation``."""
+        if generation < self._floor:
+            return None
+        low = bisect_right(self._generations, generation)
+        high = bisect_right(self._generations, upto, lo=low)
+        return self._names[low:high]
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """The cluster at one generation.
@@ -170,6 +211,10 @@ class Snapshot:
     allocations: Mapping[PodKey, Allocation] = field(default_factory=ShardedMap.empty)
     gangs: Mapping[GangId, tuple[PodKey, ...]] = field(default_factory=ShardedMap.empty)
     assumed: frozenset[PodKey] = frozenset()
+    node_log: NodeChangeLog | None = field(default=None, repr=False, compare=False)
+    """The cache's record of node changes by generation; ``None`` for a snapshot that
+    is not one of a cache's (nodes given in a request), which readers must not carry
+    anything into or out of."""
     memo: dict[Hashable, Any] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )

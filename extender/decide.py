@@ -22,6 +22,7 @@ What the snapshot is to each decision:
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -46,11 +47,13 @@ from extender.plugins import (
     MAX_SCORE,
     PodContext,
     Unfit,
+    Verdict,
     applied_weight,
     build_context,
     choose_gpus,
     clamp_score,
     filter_key,
+    flat_answers,
     run_filters,
     run_filters_keyed,
     score_key,
@@ -102,22 +105,26 @@ def filter_nodes(
     key = filter_key(ctx)
     plain = ctx.gang is None
     nodes = snapshot.nodes
+    # outside a gang, the answers by name: one look-up per candidate in the common case
+    flat = flat_answers(snapshot, config, key) if plain else None
+    known_verdicts = cast("dict[NodeName, Verdict]", flat if flat is not None else {})
     fits: list[NodeName] = []
     failed: dict[NodeName, str] = {}
     hopeless: dict[NodeName, str] = dict(unresolvable or {})
     for name in cast("Iterable[NodeName]", node_names):
-        if name in hopeless:
-            continue
-        node = nodes.get(name)
-        if node is None:
-            hopeless[name] = _not_cached(name)
-            continue
-        # the common case inlined (a warm memo, no gang, no drain): see run_filters_keyed
-        known = node.memo.get(key)
-        if known is not None and plain and node.drain_after is None:
-            verdict = known[0]
-        else:
+        verdict = known_verdicts.get(name)
+        if verdict is None:
+            if name in hopeless:
+                continue
+            node = nodes.get(name)
+            if node is None:
+                hopeless[name] = _not_cached(name)
+                continue
             verdict = run_filters_keyed(ctx, node, key)
+            if flat is not None and node.drain_after is None:
+                flat[name] = verdict
+        elif name in hopeless:
+            continue  # named twice, or given as unresolvable
         if verdict is FIT:
             fits.append(name)
         elif isinstance(verdict, Unfit):
@@ -145,31 +152,30 @@ def score_nodes(
     plain = ctx.gang is None
     scale = applied_weight(ctx)
     nodes = snapshot.nodes
-    # Each node keeps the node-only part of its score in its memo (``static_score``), so
-    # a node unchanged since an earlier request with a pod of this shape costs a look-up;
-    # outside a gang that part is the whole score (``score_node_keyed`` spelled out).
+    # Outside a gang a node's score depends on the node and the pod's shape alone: kept
+    # by name (``flat_answers``), and in each node's memo (``static_score``), so that a
+    # node unchanged since an earlier request with a pod of this shape costs a look-up.
+    flat = flat_answers(snapshot, config, sys.intern(f"{fkey}|{skey}")) if plain else None
+    known_scores = cast("dict[NodeName, float | None]", flat if flat is not None else {})
     scored: list[tuple[NodeName, float | None]] = []
     for name in cast("Iterable[NodeName]", node_names):
+        if name in known_scores:
+            scored.append((name, known_scores[name]))
+            continue
         node = nodes.get(name)
         if node is None:
             scored.append((name, None))
             continue
-        memo = node.memo
-        known = memo.get(fkey)
-        if known is not None and plain and node.drain_after is None:
-            verdict = known[0]
-        else:
-            verdict = run_filters_keyed(ctx, node, fkey)
-        if verdict is not FIT:
-            scored.append((name, None))
+        if run_filters_keyed(ctx, node, fkey) is not FIT:
+            score = None
         elif plain:
-            static = memo.get(skey, _UNSCORED)
-            if static is _UNSCORED:
-                static = static_score(ctx, node, skey)
+            static = static_score(ctx, node, skey)
             score = 0.0 if static is None or not scale else clamp_score(static / scale)
-            scored.append((name, score))
         else:
-            scored.append((name, score_node_keyed(ctx, node, skey)))
+            score = score_node_keyed(ctx, node, skey)
+        if flat is not None and node.drain_after is None:
+            flat[name] = score
+        scored.append((name, score))
     return scored
 
 

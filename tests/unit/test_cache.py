@@ -630,6 +630,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.incarnation: dict[str, int] = dict.fromkeys(DEMANDS, 0)
         self.foreign = False
         self.kept: tuple[Snapshot, dict[str, object]] | None = None
+        self.logged: Snapshot | None = None
         self.cpu_only: dict[PodKey, PodInfo] = {}
 
     # -------------------------------------------------------------- helpers
@@ -929,6 +930,22 @@ class CacheMachine(RuleBasedStateMachine):
                 "gangs": dict(snap.gangs),
             },
         )
+
+    @invariant()
+    def the_change_log_names_every_changed_node(self) -> None:
+        snap = self.cache.snapshot()
+        before, self.logged = self.logged, snap
+        if before is None:
+            return
+        assert snap.node_log is not None
+        named = snap.node_log.since(before.generation, snap.generation)
+        assert named is not None  # a short run never outgrows the log
+        changed = {
+            name
+            for name in before.nodes.keys() | snap.nodes.keys()
+            if before.nodes.get(name) is not snap.nodes.get(name)
+        }
+        assert changed <= set(named)
 
     @invariant()
     def rebuild_from_bound_pods_matches(self) -> None:

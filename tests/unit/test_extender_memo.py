@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 from hypothesis import given, settings
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from cluster.model import Allocation, GpuDevice, NodeName, NodeState, PodDemand, PodInfo
 from cluster.snapshot import Snapshot, apply_allocation, pick_gpus
 from extender.config import ExtenderConfig
+from extender.decide import filter_nodes, score_nodes
 from extender.plugins import FIT, Unfit, build_context, run_filters, score_node
 from tests.unit.test_extender_builders import (
     CONFIG,
@@ -180,27 +182,26 @@ def _rooms_of(snap: Snapshot, config: ExtenderConfig) -> tuple[object, object]:
     return gang.rooms, gang.node_fits
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    layouts=st.lists(
-        st.sampled_from([".... ....", "xx.. ....", "xxxx xx..", "xxxx xxxx"]),
-        min_size=6,
-        max_size=6,
-    ),
-    steps=_STEPS,
+_LAYOUTS = st.lists(
+    st.sampled_from([".... ....", "xx.. ....", "xxxx xx..", "xxxx xxxx", "x... ...."]),
+    min_size=6,
+    max_size=6,
 )
-def test_room_counts_carried_across_snapshots_match_a_fresh_count(
+
+
+def _changing_cluster(
     layouts: list[str], steps: list[tuple[str, int]]
-) -> None:
+) -> Iterator[tuple[Snapshot, Snapshot]]:
+    """After each step (a 2-GPU pod placed or ended, a node cordoned or draining): the
+    snapshot of one cache that saw every step, and a fresh cache's of the same cluster."""
     base = [
         node(layout, f"n{i}", rack=rack)
         for i, (layout, rack) in enumerate(zip(layouts, _RACKS, strict=True))
     ]
-    config = replace(CONFIG)
     live = cluster(base)
     placed: list[PodInfo] = []
     current = {n.name: n for n in base}
-    _rooms_of(live.snapshot(), config)  # the first count, carried from here on
+    yield live.snapshot(), live.snapshot()
     for number, (action, index) in enumerate(steps):
         name = NodeName(f"n{index}")
         if action == "take":
@@ -221,5 +222,35 @@ def test_room_counts_carried_across_snapshots_match_a_fresh_count(
             )
             current[name] = changed
             live.upsert_node(changed)
-        fresh = cluster(current.values(), placed).snapshot()
-        assert _rooms_of(live.snapshot(), config) == _rooms_of(fresh, replace(CONFIG))
+        yield live.snapshot(), cluster(current.values(), placed).snapshot()
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts=_LAYOUTS, steps=_STEPS)
+def test_room_counts_carried_across_snapshots_match_a_fresh_count(
+    layouts: list[str], steps: list[tuple[str, int]]
+) -> None:
+    config = replace(CONFIG)
+    for live, fresh in _changing_cluster(layouts, steps):
+        assert _rooms_of(live, config) == _rooms_of(fresh, replace(CONFIG))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layouts=_LAYOUTS,
+    steps=_STEPS,
+    shapes=st.lists(st.sampled_from([demand(1), demand(2), demand(4), demand(0, 300)]), min_size=1),
+)
+def test_answers_kept_by_name_across_snapshots_match_fresh_ones(
+    layouts: list[str], steps: list[tuple[str, int]], shapes: list[PodDemand]
+) -> None:
+    config = replace(CONFIG)
+    names = [f"n{i}" for i in range(6)] + ["gone"]
+    for number, (live, fresh) in enumerate(_changing_cluster(layouts, steps)):
+        want = pod("p", shapes[number % len(shapes)])
+        assert filter_nodes(live, want, names, config, NOW) == filter_nodes(
+            fresh, want, names, replace(CONFIG), NOW
+        )
+        assert score_nodes(live, want, names, config, NOW) == score_nodes(
+            fresh, want, names, replace(CONFIG), NOW
+        )

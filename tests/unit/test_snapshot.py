@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from cluster.model import Allocation, GpuDevice, NodeName, NodeState, PodDemand
 from cluster.snapshot import (
+    NodeChangeLog,
     ShardedMap,
     apply_allocation,
     batches,
@@ -179,3 +180,35 @@ def test_batches_give_every_value_once_in_iteration_order(
 def test_a_batch_holds_at_least_one_value() -> None:
     with pytest.raises(ValueError, match="at least one"):
         next(batches({"a": 1}, 0))
+
+
+# ---------------------------------------------------------------------------- change log
+
+
+def test_the_change_log_names_the_nodes_changed_between_two_generations() -> None:
+    log = NodeChangeLog()
+    for generation, name in ((1, "a"), (1, "b"), (2, "c"), (4, "a")):
+        log.record(generation, NodeName(name))
+    assert log.since(0, 4) == ["a", "b", "c", "a"]
+    assert log.since(1, 4) == ["c", "a"]
+    assert log.since(1, 3) == ["c"]
+    assert log.since(2, 3) == []
+    assert log.since(4, 4) == []
+
+
+def test_the_change_log_says_when_it_no_longer_reaches_back() -> None:
+    log = NodeChangeLog(limit=4)
+    for generation in range(1, 12):
+        log.record(generation, NodeName(f"n{generation}"))
+    assert log.since(0, 11) is None  # the oldest changes are forgotten
+    recent = log.since(8, 11)
+    assert recent == ["n9", "n10", "n11"]
+
+
+def test_the_change_log_keeps_a_generation_whole() -> None:
+    log = NodeChangeLog(limit=2)
+    for name in "abcde":
+        log.record(1, NodeName(name))  # one relist changed five nodes
+    log.record(2, NodeName("f"))
+    assert log.since(0, 2) is None
+    assert log.since(1, 2) == ["f"]
