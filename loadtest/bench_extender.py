@@ -49,7 +49,7 @@ from extender.config import ExtenderConfig
 from extender.settings import ExtenderSettings
 from loadtest.bench_cache import BLOCK_LABEL, GPUS_PER_NODE, RACK_LABEL, write_fleet
 from loadtest.openloop import Http1Connection, RequestFailed, RunResult, Schedule, run_open_loop
-from loadtest.pinned import Pinned, free_port, proc_memory
+from loadtest.pinned import Pinned, free_port, proc_cpu_s, proc_memory
 from loadtest.stats import Histogram, Summary
 
 ZONE_LABEL: Final = "topology.tessera.dev/zone"
@@ -443,19 +443,26 @@ async def serve_and_drive(
     small = [args_body(pod, rng.sample(cluster.names, 500)) for _ in range(20)]
     full = [args_body(pod, cluster.names)]
     out: dict[str, Summary] = {}
+    cpu: dict[str, float] = {}
+    """Server CPU seconds per request (per pod for the cycle), from /proc."""
     for verb in ("filter", "prioritize"):
         for label, bodies, rate in (
             ("500", small, args.rate_500),
             (str(len(cluster.names)), full, args.rate_all),
         ):
+            cpu_before = proc_cpu_s(server.pid)
             run = await verb_run(
                 server.port, f"/{verb}", bodies, rate=rate, duration_s=args.duration, clock=clock
             )
             key = f"{verb} {label}"
             out[key] = run.latency.summary()
+            cpu[key] = (proc_cpu_s(server.pid) - cpu_before) / max(1, run.sent)
             extra = f" errors {dict(run.errors)}" if run.errors else ""
             extra += f" STOPPED: {run.stopped}" if run.stopped else ""
-            say(f"[{name}] /{key:<16} @{rate:>4.0f}/s {fmt(out[key])}{extra}")
+            say(
+                f"[{name}] /{key:<16} @{rate:>4.0f}/s {fmt(out[key])}{extra}; "
+                f"server CPU {cpu[key] * 1e3:.2f} ms/request"
+            )
     say(f"[{name}] RSS after verbs {server.rss_mib():.0f} MB")
     if args.warm_cycle > 0:
         # a server that has run a while: the nodes' memos hold the pending pods' shapes
@@ -467,6 +474,7 @@ async def serve_and_drive(
             f"{fmt(warm.result.latency.summary())}"
         )
         offset += int(100 * args.warm_cycle)
+    cpu_before = proc_cpu_s(server.pid)
     cycle = await cycle_run(
         server.port,
         cluster,
@@ -475,13 +483,16 @@ async def serve_and_drive(
         clock=clock,
         offset=offset,
     )
+    cpu["cycle"] = (proc_cpu_s(server.pid) - cpu_before) / max(1, cycle.result.sent)
+    busy = cpu["cycle"] * cycle.result.sent / max(cycle.result.elapsed_s, 1e-9)
     out["cycle"] = cycle.result.latency.summary()
     extra = f" errors {dict(cycle.result.errors)}" if cycle.result.errors else ""
     extra += f" STOPPED: {cycle.result.stopped}" if cycle.result.stopped else ""
     say(
         f"[{name}] cycle @{args.cycle_rate:.0f} pods/s, achieved "
         f"{cycle.result.achieved_rate:.0f}/s, no fit {cycle.no_fit}, "
-        f"bind errors {cycle.bind_errors}{extra}"
+        f"bind errors {cycle.bind_errors}{extra}; server CPU {cpu['cycle'] * 1e3:.2f} ms "
+        f"per pod ({busy:.0%} of its core)"
     )
     for kind, count in sorted(cycle.bind_error_kinds.items(), key=lambda kv: -kv[1])[:5]:
         say(f"[{name}]   bind error x{count}: {kind[:160]}")
@@ -491,6 +502,8 @@ async def serve_and_drive(
         say(f"[{name}]   {verb:<10} (service)      {fmt(out[f'cycle {verb}'])}")
     say(f"[{name}] RSS at end {server.rss_mib():.0f} MB")
     out["rss"] = Summary(1, 0, 0, server.rss_mib(), 0, 0, 0, 0)
+    for key, seconds in cpu.items():
+        out[f"cpu {key}"] = Summary(1, 0, 0, seconds, 0, 0, 0, 0)
     return out
 
 
@@ -570,6 +583,12 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> N
                 say("\n== extender / baseline (p99 ratio, same run)")
                 for key, ours in results["extender"].items():
                     base = results["baseline"].get(key)
+                    if key.startswith("cpu ") and base is not None and base.p50 > 0:
+                        say(
+                            f"{key[4:]:<20} server CPU {ours.p50 * 1e3:.2f} vs "
+                            f"{base.p50 * 1e3:.2f} ms/request: {ours.p50 / base.p50:5.2f}x"
+                        )
+                        continue
                     if key == "rss" or base is None or base.p99 <= 0:
                         continue
                     say(
