@@ -633,8 +633,12 @@ def rule_gang(
     out: Draft,
     *,
     request_uid: str,
+    placeholder: GangId | None = None,
 ) -> Notes | Denied:
-    """Gang metadata on every template of a multi-pod workload; gang-min must be possible."""
+    """Gang metadata on every template of a multi-pod workload; gang-min must be possible.
+
+    ``placeholder`` stands in for an id made from the name (``webhook.answers`` fills
+    in each request's own)."""
     size = workload.pod_count
     raw_min = _user_gang_min(workload)
     min_count = size
@@ -673,7 +677,9 @@ def rule_gang(
         (t.labels[labels.GANG] for t in workload.templates if labels.GANG in t.labels), None
     )
     if gid is None:
-        gid = gang_id(workload.namespace, workload.name, workload.generate_name, request_uid)
+        gid = placeholder or gang_id(
+            workload.namespace, workload.name, workload.generate_name, request_uid
+        )
     for template in workload.templates:
         given = template.annotations.get(labels.GANG_SIZE)
         if given is not None and given.strip() != str(size):
@@ -904,8 +910,15 @@ def check_update(new: Workload, old: Workload) -> Denied | None:
 # ---------------------------------------------------------------- admit
 
 
-def admit(request: ReviewRequest, policy: Policy, config: AdmitConfig) -> Decision:
-    """The webhook's whole decision for one AdmissionReview request."""
+def admit(
+    request: ReviewRequest,
+    policy: Policy,
+    config: AdmitConfig,
+    *,
+    placeholder: GangId | None = None,
+) -> Decision:
+    """The webhook's whole decision for one AdmissionReview request; with
+    ``placeholder``, a gang id made from the name is written as that instead."""
     obj = request.object
     kind = request.workload_kind
     if kind is None or obj is None:
@@ -922,7 +935,7 @@ def admit(request: ReviewRequest, policy: Policy, config: AdmitConfig) -> Decisi
         return Allowed(obj, reason="no-gpu")
     if request.operation == "UPDATE":
         return _validate_update(request, workload, kind)
-    return _mutate(workload, request.uid, policy, config)
+    return _mutate(workload, request.uid, policy, config, placeholder)
 
 
 def _validate_update(request: ReviewRequest, workload: Workload, kind: WorkloadKind) -> Decision:
@@ -938,7 +951,13 @@ def _validate_update(request: ReviewRequest, workload: Workload, kind: WorkloadK
     return denied or Allowed(workload.obj, reason="validated", queue=queue)
 
 
-def _mutate(workload: Workload, uid: str, policy: Policy, config: AdmitConfig) -> Decision:
+def _mutate(
+    workload: Workload,
+    uid: str,
+    policy: Policy,
+    config: AdmitConfig,
+    placeholder: GangId | None = None,
+) -> Decision:
     out = Draft(workload.obj)
     try:
         queue = rule_queue(workload, policy, config, out)
@@ -965,7 +984,9 @@ def _mutate(workload: Workload, uid: str, policy: Policy, config: AdmitConfig) -
         quota = rule_quota(workload, queue, flavors, policy)
         if isinstance(quota, Denied):
             return quota
-        gang = rule_gang(workload, queue, flavors, policy, out, request_uid=uid)
+        gang = rule_gang(
+            workload, queue, flavors, policy, out, request_uid=uid, placeholder=placeholder
+        )
         if isinstance(gang, Denied):
             return gang
         topology = rule_topology(workload, queue, flavors, policy, out)

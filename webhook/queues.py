@@ -434,6 +434,11 @@ class Policy:
     offers: Mapping[tuple[str, tuple[str, ...]], Steering] = field(default_factory=lambda: _EMPTY)
     """(ClusterQueue, GPU resources asked) → ``offer``, worked out for every queue once."""
     problems: tuple[str, ...] = ()
+    answers: dict[tuple[object, ...], Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+    """Answers given under this policy (``webhook.answers``), kept by that module; a new
+    policy starts without any. Not part of equality or ``repr``."""
 
     def local_queue(self, namespace: str, name: str) -> LocalQueue | None:
         return self.local_queues.get((namespace, name))

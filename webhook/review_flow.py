@@ -5,6 +5,10 @@ Layer: PURE glue. Composes the EDGE codec (``webhook.review``) with the PURE dec
 clock, no aiohttp, no settings: the HTTP handler passes the body, the current policy
 snapshot and the ``AdmitConfig`` it built at start-up, and writes back what it gets.
 
+An allowed CREATE is remembered under the policy (``webhook.answers``): the next object
+that differs from it only in name gets the same patch, with its own gang id, without the
+rules running again.
+
 HTTP statuses: 200 for every review that was decided (allowed or denied: a denial is
 ``allowed: false`` inside a 200); 400 for a body that is not a usable review; 503 while
 there is no policy yet (the cache has not synced), so that the webhook configuration's
@@ -15,11 +19,14 @@ webhook has no side effects to skip.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from webhook.answers import GANG_ID_PLACEHOLDER, Answer, answer_key, keep
 from webhook.patch import JsonPatch, diff
-from webhook.policy import AdmitConfig, Allowed, admit
+from webhook.policy import AdmitConfig, Allowed, admit, gang_id
 from webhook.queues import Policy
 from webhook.review import BadReview, decode_review, encode_response, encode_status
+from webhook.workload import ReviewRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +64,27 @@ def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOut
             decision="malformed",
             reason="bad-review",
         )
-    decision = admit(request, policy, config)
+    key = _memo_key(request, config)
+    if key is not None:
+        kept = policy.answers.get(key)
+        if kept is not None:
+            return _answer(request, kept)
+    placeholder = GANG_ID_PLACEHOLDER if key is not None else None
+    decision = admit(request, policy, config, placeholder=placeholder)
     kind = request.kind.kind
     if isinstance(decision, Allowed):
         patch = diff(request.object, decision.object) if request.object is not None else []
+        if key is not None:
+            answer = keep(
+                policy.answers,
+                key,
+                patch,
+                warnings=decision.warnings,
+                decision="mutated" if patch else "allowed",
+                reason=decision.reason,
+                queue=decision.queue,
+            )
+            return _answer(request, answer)
         return ReviewOutcome(
             200,
             encode_response(request.uid, allowed=True, patch=patch, warnings=decision.warnings),
@@ -83,6 +107,39 @@ def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOut
         decision="denied",
         reason=decision.reason,
         queue=decision.queue,
+    )
+
+
+def _memo_key(request: ReviewRequest, config: AdmitConfig) -> tuple[object, ...] | None:
+    """The ``webhook.answers`` key of a CREATE of a workload; ``None`` for anything else."""
+    obj = request.object
+    if (
+        request.operation != "CREATE"
+        or obj is None
+        or request.sub_resource
+        or request.workload_kind is None
+    ):
+        return None
+    kind = request.kind
+    return answer_key((kind.group, kind.version, kind.kind), request.namespace, obj, config)
+
+
+def _answer(request: ReviewRequest, answer: Answer) -> ReviewOutcome:
+    """A kept answer, given to ``request`` with its own gang id."""
+    patch = answer.patch
+    if answer.holes:
+        metadata: Any = (request.object or {}).get("metadata") or {}
+        namespace = request.namespace or str(metadata.get("namespace") or "")
+        name, generate_name = metadata.get("name") or "", metadata.get("generateName") or ""
+        patch = answer.fill(gang_id(namespace, name, generate_name, request.uid))
+    return ReviewOutcome(
+        200,
+        encode_response(request.uid, allowed=True, patch=patch, warnings=answer.warnings),
+        kind=request.kind.kind,
+        decision=answer.decision,
+        reason=answer.reason,
+        queue=answer.queue,
+        patch=patch,
     )
 
 

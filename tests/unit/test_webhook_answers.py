@@ -1,0 +1,157 @@
+"""Answers kept per policy (``webhook.answers``) are the answers the rules give: an object
+that differs from one seen before only in name gets, byte for byte, the answer a policy
+that never saw it gives, with its own gang id; denials and updates are never kept."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import replace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cluster import jsonio, labels
+from tests.unit.test_webhook_patch import jobs
+from tests.unit.test_webhook_rules import CONFIG, POLICY, job
+from webhook.answers import ANSWERS_KEPT
+from webhook.patch import apply_patch, diff
+from webhook.policy import Allowed, admit
+from webhook.queues import Policy
+from webhook.review import decode_review, encode_response
+from webhook.review_flow import review
+
+
+def _body(obj: dict[str, Any], uid: str, operation: str = "CREATE") -> bytes:
+    request: dict[str, Any] = {
+        "uid": uid,
+        "kind": {"group": "batch", "version": "v1", "kind": "Job"},
+        "resource": {"group": "batch", "version": "v1", "resource": "jobs"},
+        "namespace": obj["metadata"].get("namespace", ""),
+        "operation": operation,
+        "userInfo": {"username": "alice"},
+        "object": obj,
+    }
+    if operation == "UPDATE":
+        request["oldObject"] = obj
+    return jsonio.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    )
+
+
+def _renamed(obj: dict[str, Any], name: str | None, generate_name: str | None) -> dict[str, Any]:
+    metadata = {k: v for k, v in obj["metadata"].items() if k not in ("name", "generateName")}
+    if name is not None:
+        metadata["name"] = name
+    if generate_name is not None:
+        metadata["generateName"] = generate_name
+    return {**obj, "metadata": metadata}
+
+
+def _fresh() -> Policy:
+    return replace(POLICY)  # the same policy, with no answers kept
+
+
+def _patch(body: bytes) -> list[dict[str, Any]]:
+    response = jsonio.loads(body)["response"]
+    return list(jsonio.loads(base64.b64decode(response["patch"]))) if "patch" in response else []
+
+
+_NAMES = st.sampled_from([("train", None), ("sweep-7", None), (None, "train-"), (None, "x-")])
+
+
+def _by_the_rules(body: bytes, policy: Policy) -> bytes:
+    """The answer as the rules give it, with no answer kept or reused."""
+    request = decode_review(body)
+    decision = admit(request, policy, CONFIG)
+    if isinstance(decision, Allowed):
+        assert request.object is not None
+        patch = diff(request.object, decision.object)
+        return encode_response(request.uid, allowed=True, patch=patch, warnings=decision.warnings)
+    return encode_response(
+        request.uid,
+        allowed=False,
+        code=decision.code,
+        message=decision.message,
+        reason=decision.status_reason,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(obj=jobs(), first=_NAMES, second=_NAMES)
+def test_an_object_renamed_gets_the_answer_the_rules_give_it(
+    obj: dict[str, Any], first: tuple[str | None, str | None], second: tuple[str | None, str | None]
+) -> None:
+    policy = _fresh()
+    review(_body(_renamed(obj, *first), "uid-1"), policy, CONFIG)
+    later = _body(_renamed(obj, *second), "uid-2")
+    assert review(later, policy, CONFIG).body == _by_the_rules(later, _fresh())
+
+
+@settings(max_examples=300, deadline=None)
+@given(objects=st.lists(jobs(), min_size=2, max_size=4))
+def test_objects_after_others_get_the_answers_the_rules_give_them(
+    objects: list[dict[str, Any]],
+) -> None:
+    policy = _fresh()
+    for number, obj in enumerate(objects):
+        body = _body(obj, f"uid-{number}")
+        assert review(body, policy, CONFIG).body == _by_the_rules(body, _fresh())
+
+
+def test_each_object_gets_its_own_gang_id() -> None:
+    policy = _fresh()
+    objects = {
+        "named": job(name="train-a"),
+        "other": job(name="train-b"),
+        "generated": job(name=None, generate_name="train-"),
+        "again": job(name=None, generate_name="train-"),
+    }
+    gangs = {}
+    for number, (which, obj) in enumerate(objects.items()):
+        answer = review(_body(obj, f"uid-{number}"), policy, CONFIG)
+        patched = apply_patch(obj, _patch(answer.body))
+        gangs[which] = patched["spec"]["template"]["metadata"]["labels"][labels.GANG]
+    assert gangs["named"] == "team.train-a"
+    assert gangs["other"] == "team.train-b"
+    assert gangs["generated"].startswith("team.train-")
+    assert gangs["generated"] != gangs["again"]  # drawn from each request's uid
+    assert len(policy.answers) == 1  # one template, named or generated: one answer
+
+
+def test_denials_are_not_kept_and_name_each_object() -> None:
+    policy = _fresh()
+    first = review(_body(job(name="huge-a", gpus=8, parallelism=100), "uid-1"), policy, CONFIG)
+    second = review(_body(job(name="huge-b", gpus=8, parallelism=100), "uid-2"), policy, CONFIG)
+    assert first.decision == second.decision == "denied"
+    assert "huge-a" in first.body.decode()
+    assert "huge-b" in second.body.decode()
+    assert not policy.answers
+
+
+def test_updates_are_never_kept() -> None:
+    policy = _fresh()
+    obj = job(name="train", spec={"suspend": True})
+    review(_body(obj, "uid-1", "UPDATE"), policy, CONFIG)
+    assert not policy.answers
+
+
+def test_a_new_policy_starts_without_answers_and_the_memo_stays_bounded() -> None:
+    policy = _fresh()
+    for n in range(ANSWERS_KEPT + 5):
+        review(
+            _body(job(name="t", spec={"activeDeadlineSeconds": 60 + n}), f"u{n}"), policy, CONFIG
+        )
+    assert 0 < len(policy.answers) <= ANSWERS_KEPT
+    assert not _fresh().answers
+
+
+def test_text_that_looks_like_the_placeholder_is_left_alone() -> None:
+    policy = _fresh()
+    obj = job(name="train", annotations={"note": "<gang id>"}, extra_labels={"x": "gang-id"})
+    first = review(_body(obj, "uid-1"), policy, CONFIG)
+    kept = review(_body(_renamed(obj, "train", None), "uid-2"), policy, CONFIG)
+    assert (
+        "<gang id>" not in base64.b64decode(jsonio.loads(first.body)["response"]["patch"]).decode()
+    )
+    assert kept.body.replace(b"uid-2", b"uid-1") == first.body

@@ -1,0 +1,140 @@
+"""Answers to CREATE reviews, remembered per policy for objects that differ only in name.
+
+Layer: PURE. Plain data and functions: no I/O, no clock, no aiohttp, no pydantic. Must
+not decide anything itself: what it keeps is what ``webhook.policy.admit`` and
+``webhook.patch.diff`` answered, and it answers only where they would answer the same.
+
+Jobs are created from templates: a CI pipeline or a sweep sends the same Job again and
+again, with a new name (or a ``generateName``) each time. The nine rules read the object
+and the policy, and of the object's identity only the name, for two things: the gang id
+(``<namespace>.<name>``, or a suffix drawn from the request uid) and the messages of
+denials. So an object whose content, identity left out, is one seen before under the
+same policy and settings gets the same patch and warnings, with its own gang id.
+
+* The key (``answer_key``): the kind and namespace the request declares, the settings,
+  and the object encoded with ``metadata``'s identity fields left out (name,
+  generateName, uid, resourceVersion, creationTimestamp, generation, managedFields,
+  selfLink). Anything else the object carries, read by a rule or not, is in it: a
+  different object is a different key, so a kept answer is never wrong, only unused.
+* The gang id: the rules run with ``GANG_ID_PLACEHOLDER`` in its place; the places it
+  lands in the patch are found by object identity (a string object no request can
+  produce) and filled with the request's own id when the answer is given.
+* Denials are not kept: their messages name the object. Nor are UPDATE reviews, whose
+  answer reads the stored object too.
+
+The memo lives on the ``Policy`` it was computed under (``Policy.answers``), so a policy
+change starts afresh; it holds at most ``ANSWERS_KEPT`` answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from cluster import jsonio
+from cluster.model import GangId
+from webhook.patch import JsonPatch
+
+ANSWERS_KEPT: Final = 1024
+"""Answers a policy keeps before it starts over: distinct Job templates in use."""
+
+IDENTITY_FIELDS: Final = frozenset(
+    {
+        "name",
+        "generateName",
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "generation",
+        "managedFields",
+        "selfLink",
+    }
+)
+"""What of ``metadata`` names one object rather than describing it."""
+
+GANG_ID_PLACEHOLDER: Final = GangId("".join(("<", "gang id", ">")))
+"""Stands for the request's gang id while the rules run. Built at run time, so that this
+one string object is the only one ``is`` finds in a patch; no decoded request holds it."""
+
+Hole = tuple[int, tuple[str | int, ...]]
+"""Where the gang id goes: the operation's index, and the path inside its value."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An allowed CREATE's answer, with the gang id left out."""
+
+    patch: JsonPatch
+    """Never changed once kept: ``fill`` copies what it writes into."""
+    holes: tuple[Hole, ...]
+    warnings: tuple[str, ...]
+    decision: str
+    reason: str
+    queue: str
+
+    def fill(self, gang_id: str) -> JsonPatch:
+        """The patch for a request whose gang id is ``gang_id``."""
+        if not self.holes:
+            return self.patch
+        patch = list(self.patch)
+        for index, path in self.holes:
+            op = dict(patch[index])
+            op["value"] = _set_in(op["value"], path, gang_id)
+            patch[index] = op
+        return patch
+
+
+def answer_key(
+    kind: tuple[str, str, str], namespace: str, obj: Mapping[str, Any], settings: object
+) -> tuple[object, ...]:
+    """The memo key of a CREATE review of ``obj`` (see the module's docstring)."""
+    metadata = obj.get("metadata")
+    if isinstance(metadata, Mapping) and not IDENTITY_FIELDS.isdisjoint(metadata):
+        described = {k: v for k, v in metadata.items() if k not in IDENTITY_FIELDS}
+        obj = {**obj, "metadata": described}
+    return (kind, namespace, settings, jsonio.dumps(obj))
+
+
+def keep(
+    memo: dict[tuple[object, ...], Answer],
+    key: tuple[object, ...],
+    patch: JsonPatch,
+    *,
+    warnings: Sequence[str],
+    decision: str,
+    reason: str,
+    queue: str,
+) -> Answer:
+    """Remember an allowed answer whose patch was made with ``GANG_ID_PLACEHOLDER``."""
+    holes = tuple(
+        (index, path) for index, op in enumerate(patch) for path in _holes(op.get("value"), ())
+    )
+    answer = Answer(patch, holes, tuple(warnings), decision, reason, queue)
+    if len(memo) >= ANSWERS_KEPT:
+        memo.clear()
+    memo[key] = answer
+    return answer
+
+
+def _holes(value: object, path: tuple[str | int, ...]) -> list[tuple[str | int, ...]]:
+    if value is GANG_ID_PLACEHOLDER:
+        return [path]
+    found: list[tuple[str | int, ...]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += _holes(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found += _holes(item, (*path, index))
+    return found
+
+
+def _set_in(value: Any, path: tuple[str | int, ...], gang_id: str) -> Any:
+    """``value`` with ``gang_id`` at ``path``, copying the containers on the way."""
+    if not path:
+        return gang_id
+    head, rest = path[0], path[1:]
+    copy: Any = dict(value) if isinstance(value, dict) else list(value)
+    copy[head] = _set_in(value[head], rest, gang_id)
+    return copy
