@@ -51,6 +51,7 @@ import multiprocessing
 import os
 import pstats
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,7 @@ from loadtest.pinned import (
     set_priority,
 )
 from loadtest.stats import Summary
+from webhook.answers import ANSWERS_KEPT
 from webhook.patch import diff
 from webhook.policy import AdmitConfig, Allowed, admit
 from webhook.review import decode_review, encode_response
@@ -304,25 +306,47 @@ def write_policy(path: Path, objects: Sequence[dict[str, Any]]) -> None:
 # ---------------------------------------------------------------- the request
 
 
+VARIANT_ANNOTATION: Final = "bench.tessera.dev/template"
+"""Set on the captured Job to its template number when more than one template is sent."""
+
+
 @dataclass(frozen=True, slots=True)
 class ReviewTemplate:
-    """The captured review as bytes around its uid, so a fresh uid costs no re-encoding."""
+    """The captured review as bytes around its uid (and, with ``templates`` above 1, a
+    template number annotated on the Job), so a fresh review costs no re-encoding."""
 
-    prefix: bytes
-    suffix: bytes
+    parts: tuple[bytes, ...]
+    slots: tuple[str, ...]
+    """What goes between ``parts``, in order: ``uid`` or ``template``."""
+    templates: int = 1
 
     @classmethod
-    def of(cls, review_body: dict[str, Any]) -> ReviewTemplate:
-        marker = "@@uid-" + uuid.uuid4().hex + "@@"
-        body = dict(review_body)
-        body["request"] = {**review_body["request"], "uid": marker}
-        prefix, middle, suffix = jsonio.dumps(body).partition(marker.encode())
-        if not middle or marker.encode() in suffix:
+    def of(cls, review_body: dict[str, Any], templates: int = 1) -> ReviewTemplate:
+        token = uuid.uuid4().hex
+        markers = {"uid": f"@@uid-{token}@@", "template": f"@@template-{token}@@"}
+        request = {**review_body["request"], "uid": markers["uid"]}
+        if templates > 1:
+            obj = request["object"]
+            metadata = dict(obj.get("metadata") or {})
+            annotations = {**(metadata.get("annotations") or {})}
+            annotations[VARIANT_ANNOTATION] = markers["template"]
+            metadata["annotations"] = annotations
+            request["object"] = {**obj, "metadata": metadata}
+        raw = jsonio.dumps({**review_body, "request": request})
+        by_marker = {marker.encode(): slot for slot, marker in markers.items()}
+        pieces = re.split(b"(" + b"|".join(map(re.escape, by_marker)) + b")", raw)
+        parts, slots = tuple(pieces[0::2]), tuple(by_marker[m] for m in pieces[1::2])
+        if sorted(slots) != sorted(["uid", "template"] if templates > 1 else ["uid"]):
             raise BenchError("the review's uid could not be templated")
-        return cls(prefix, suffix)
+        return cls(parts, slots, max(1, templates))
 
-    def body(self, uid: str) -> bytes:
-        return self.prefix + uid.encode() + self.suffix
+    def body(self, uid: str, index: int = 0) -> bytes:
+        """The review with ``uid``; its Job is template ``index`` modulo ``templates``."""
+        values = {"uid": uid.encode(), "template": str(index % self.templates).encode()}
+        out = [self.parts[0]]
+        for slot, part in zip(self.slots, self.parts[1:], strict=True):
+            out += (values[slot], part)
+        return b"".join(out)
 
 
 def load_captured_review(captures: Path) -> dict[str, Any]:
@@ -519,7 +543,8 @@ async def _generate(spec: StepSpec) -> tuple[RunResult, float, float]:
     def sender(connection: Http1Connection) -> Send:
         async def send(index: int) -> None:
             uid = f"{prefix}{index:012x}"
-            answer = await connection.request("POST", MUTATE_PATH, spec.template.body(uid))
+            body = spec.template.body(uid, index)
+            answer = await connection.request("POST", MUTATE_PATH, body)
             check_answer(answer.status, answer.body, uid)
 
         return send
@@ -694,6 +719,9 @@ class InProcess:
 
     reviews: int
     review_s: float
+    """With the answers the policy keeps: the captured Job again and again, renamed."""
+    first_s: float
+    """With no answer kept: every review runs the rules, as the first of a template does."""
     stages: tuple[tuple[str, float], ...]
     """``review()``'s parts: decode, decide, diff, encode."""
     policy_build_s: float
@@ -732,6 +760,12 @@ def measure_in_process(
     bodies = [template.body(f"{prefix}{i:012x}") for i in range(reviews)]
     review(bodies[0], policy, config)
     per_review = _per_call(clock, lambda body: review(body, policy, config), bodies)
+
+    def first_time(body: bytes) -> object:
+        policy.answers.clear()
+        return review(body, policy, config)
+
+    per_first = _per_call(clock, first_time, bodies)
 
     requests = [decode_review(body) for body in bodies]
     decisions = [admit(request, policy, config) for request in requests]
@@ -787,10 +821,19 @@ def measure_in_process(
         stats = pstats.Stats(profiler, stream=buffer)
         stats.sort_stats("tottime").print_stats(profile_top)
         text = buffer.getvalue()
-    return InProcess(reviews, per_review, stages, build, sorted(after)[len(after) // 2], text)
+    return InProcess(
+        reviews, per_review, per_first, stages, build, sorted(after)[len(after) // 2], text
+    )
 
 
 # ---------------------------------------------------------------- report
+
+
+def _templates(count: int) -> str:
+    if count <= 1:
+        return "the same Job each time, renamed"
+    kept = "all kept" if count <= ANSWERS_KEPT else "more than the webhook keeps"
+    return f"{count:,} distinct Jobs in turn, {kept}"
 
 
 def _ms(seconds: float) -> str:
@@ -900,7 +943,8 @@ class Report:
     def lines(self) -> Iterator[str]:
         args = self.args
         yield (
-            f"Tessera webhook benchmark: captured Job review, {self.queues:,} LocalQueues, "
+            f"Tessera webhook benchmark: captured Job review "
+            f"({_templates(args.templates)}), {self.queues:,} LocalQueues, "
             f"TLS, {args.connections} keep-alive connections, open loop"
         )
         yield (
@@ -950,6 +994,8 @@ class Report:
             yield "== in process (no HTTP, no TLS), per call, best of 5 passes =="
             calls = f"({ip.reviews:,} calls)"
             yield f"review() as the server calls it   {ip.review_s * 1e6:>7.0f} us  {calls}"
+            yield "  (a renamed Job gets the answer kept for its template: webhook.answers)"
+            yield f"review() of a template's first Job {ip.first_s * 1e6:>6.0f} us, in parts:"
             for name, seconds in ip.stages:
                 yield f"  {name:<31} {seconds * 1e6:>7.0f} us"
             yield f"policy build ({self.queues:,} LocalQueues)  {_ms(ip.policy_build_s):>10}"
@@ -1057,6 +1103,7 @@ class Report:
             out["in_process"] = {
                 "reviews": ip.reviews,
                 "review_s": ip.review_s,
+                "first_review_s": ip.first_s,
                 "stages_s": dict(ip.stages),
                 "policy_build_s": ip.policy_build_s,
                 "review_after_change_s": ip.after_change_s,
@@ -1102,6 +1149,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--duration", type=float, default=10.0, help="fixed-rate run, seconds (10)")
     add("--warmup", type=float, default=2.0, help="warm-up per server, seconds (2)")
     add("--queues", type=int, default=1000, help="LocalQueues in the generated policy (1000)")
+    add(
+        "--templates",
+        type=int,
+        default=1,
+        help="distinct Jobs sent in turn, each the captured one annotated with its number "
+        "(1: the captured Job every time, so from the second review on the webhook answers "
+        "from what it kept for it; above 1,024 every review runs the rules)",
+    )
     add("--policy-file", type=Path, help="use this policy instead of generating one")
     add("--captures", type=Path, default=DEFAULT_CAPTURES, help="folder of the wire captures")
     add("--connections", type=int, default=8, help="keep-alive TLS connections (8)")
@@ -1202,7 +1257,7 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> R
     if not names or not set(names) <= {"baseline", "webhook"}:
         raise BenchError("--servers takes baseline, webhook or both")
     captured = load_captured_review(args.captures)
-    template = ReviewTemplate.of(captured)
+    template = ReviewTemplate.of(captured, args.templates)
     # The orchestrator only waits; keep it off the servers' core.
     os.sched_setaffinity(0, {args.client_core})
     with _temporary_folder() as tmp, ExitStack() as stack:

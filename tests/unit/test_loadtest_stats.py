@@ -14,8 +14,10 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cluster import jsonio
 from cluster.clock import ManualClock, SystemClock
 from loadtest.bench_webhook import (
+    VARIANT_ANNOTATION,
     Criteria,
     ReviewTemplate,
     SearchPlan,
@@ -349,7 +351,7 @@ def step_of(rate: float, capacity: float) -> StepResult:
         port=0,
         server_pid=0,
         ca="",
-        template=ReviewTemplate(b"", b""),
+        template=ReviewTemplate((b"", b""), ("uid",)),
         rate=rate,
         duration_s=1.0,
         connections=1,
@@ -409,3 +411,22 @@ def test_the_search_is_bounded_in_steps_and_time() -> None:
     assert len(never) == 5
     assert max_sustained(never) is None
     assert search(plan(), CRITERIA, lambda rate: step_of(rate, 3000), lambda: True) == []
+
+
+def test_review_templates_put_the_uid_and_the_template_number_in_the_captured_review() -> None:
+    captured: dict[str, Any] = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "x", "object": {"kind": "Job", "metadata": {"name": "a"}}},
+    }
+    one = ReviewTemplate.of(captured)
+    assert jsonio.loads(one.body("u-1", 7)) == {
+        **captured,
+        "request": {**captured["request"], "uid": "u-1"},
+    }
+    three = ReviewTemplate.of(captured, templates=3)
+    for index, expected in ((0, "0"), (4, "1"), (5, "2")):
+        review = jsonio.loads(three.body(f"u-{index}", index))
+        assert review["request"]["uid"] == f"u-{index}"
+        metadata = review["request"]["object"]["metadata"]
+        assert metadata == {"name": "a", "annotations": {VARIANT_ANNOTATION: expected}}
