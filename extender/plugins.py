@@ -309,7 +309,7 @@ def _room_tally(snapshot: Snapshot, ctx: PodContext, keys: _RoomKeys) -> _RoomTa
     nodes = snapshot.nodes
     carried = cast(
         "tuple[Mapping[NodeName, NodeState], _RoomTally] | None",
-        ctx.config.by_state.get(("rooms", keys.room)),
+        _table(ctx.config, ("rooms", keys.room)),
     )
     if carried is None:
         tally = _RoomTally()
@@ -330,7 +330,7 @@ def _room_tally(snapshot: Snapshot, ctx: PodContext, keys: _RoomKeys) -> _RoomTa
                 tally.count(old, _room_of(ctx, old, keys), -1)
             if new is not None:
                 tally.count(new, _room_of(ctx, new, keys), 1)
-    _share(ctx.config, ("rooms", keys.room), (nodes, tally))
+    _keep_table(ctx.config, ("rooms", keys.room), (nodes, tally))
     return tally
 
 
@@ -434,10 +434,10 @@ def flat_answers(
     if log is None:
         return None
     slot = ("flat", key)
-    flat = cast("_Flat | None", config.by_state.get(slot))
+    flat = cast("_Flat | None", _table(config, slot))
     if flat is None or flat.log is not log:
         flat = _Flat(log, snapshot.generation, {})
-        _share(config, slot, flat)
+        _keep_table(config, slot, flat)
     elif flat.generation != snapshot.generation:
         if flat.generation > snapshot.generation:
             return None
@@ -450,6 +450,34 @@ def flat_answers(
                 pop(name, None)
         flat.generation = snapshot.generation
     return flat.answers
+
+
+_TABLES_KEPT: Final = 64
+"""Per-shape tables (answers by node name, gang room counts) a config keeps, the least
+recently used dropped first: each holds up to one entry per node, and a workload with
+many pod shapes (a CPU request of every size) must not keep one for each."""
+_TABLES: Final = "tables"
+
+
+def _table(config: ExtenderConfig, slot: Hashable) -> object | None:
+    tables = cast("dict[Hashable, object] | None", config.by_state.get(_TABLES))
+    if tables is None:
+        return None
+    found = tables.pop(slot, None)
+    if found is not None:
+        tables[slot] = found  # the most recently used goes last
+    return found
+
+
+def _keep_table(config: ExtenderConfig, slot: Hashable, table: object) -> None:
+    tables = cast("dict[Hashable, object] | None", config.by_state.get(_TABLES))
+    if tables is None:
+        tables = {}
+        _share(config, _TABLES, tables)
+    tables.pop(slot, None)
+    if len(tables) >= _TABLES_KEPT:
+        del tables[next(iter(tables))]
+    tables[slot] = table
 
 
 def _share(config: ExtenderConfig, key: Hashable, value: object) -> None:

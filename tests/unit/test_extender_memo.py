@@ -254,3 +254,16 @@ def test_answers_kept_by_name_across_snapshots_match_fresh_ones(
         assert score_nodes(live, want, names, config, NOW) == score_nodes(
             fresh, want, names, replace(CONFIG), NOW
         )
+
+
+def test_the_tables_kept_by_name_stay_bounded_whatever_the_pod_shapes() -> None:
+    config = replace(CONFIG)
+    snap = cluster([node(".... ....", f"n{i}", rack="r1") for i in range(3)]).snapshot()
+    names = ["n0", "n1", "n2"]
+    for milli in range(1, 300):
+        want = pod("p", demand(0, milli))
+        assert filter_nodes(snap, want, names, config, NOW).fits == tuple(names)
+        score_nodes(snap, want, names, config, NOW)
+    tables = config.by_state["tables"]  # answers by node name, one table per pod shape
+    assert isinstance(tables, dict)
+    assert 0 < len(tables) <= 64
