@@ -302,35 +302,57 @@ class _RoomTally:
         self.total[value] = self.total.get(value, 0) + sign * empty
 
 
+@dataclass(frozen=True, slots=True)
+class _Carried:
+    """A room count, and the snapshot it was made for."""
+
+    nodes: Mapping[NodeName, NodeState]
+    log: NodeChangeLog | None
+    generation: int
+    tally: _RoomTally
+
+
 def _room_tally(snapshot: Snapshot, ctx: PodContext, keys: _RoomKeys) -> _RoomTally:
     """The room count for ``snapshot``: from the last count made under ``ctx.config``
-    for these keys, with the nodes that changed since counted again (found by object
-    identity: a changed node is a new object), or from scratch the first time."""
+    for these keys, with the nodes that changed since counted again (those the cache's
+    change log names, or else those whose object differs: a changed node is a new
+    object), or from scratch the first time."""
     nodes = snapshot.nodes
-    carried = cast(
-        "tuple[Mapping[NodeName, NodeState], _RoomTally] | None",
-        _table(ctx.config, ("rooms", keys.room)),
-    )
+    carried = cast("_Carried | None", _table(ctx.config, ("rooms", keys.room)))
     if carried is None:
         tally = _RoomTally()
         for node in nodes.values():
             tally.count(node, _room_of(ctx, node, keys), 1)
+    elif carried.nodes is nodes:
+        return carried.tally
     else:
-        seen, before = carried
-        if seen is nodes:
-            return before
-        changed = [name for name, node in nodes.items() if seen.get(name) is not node]
-        added = sum(1 for name in changed if name not in seen)
-        if len(seen) + added != len(nodes):
-            changed.extend(seen.keys() - nodes.keys())
-        tally = before.copy()
+        seen = carried.nodes
+        logged = None
+        log = carried.log
+        if (
+            log is not None
+            and log is snapshot.node_log
+            and carried.generation <= snapshot.generation
+        ):
+            logged = log.since(carried.generation, snapshot.generation)
+        if logged is not None:
+            changed = list(dict.fromkeys(logged))
+        else:
+            changed = [name for name, node in nodes.items() if seen.get(name) is not node]
+            added = sum(1 for name in changed if name not in seen)
+            if len(seen) + added != len(nodes):
+                changed.extend(seen.keys() - nodes.keys())
+        tally = carried.tally.copy()
         for name in changed:
             old, new = seen.get(name), nodes.get(name)
+            if old is new:
+                continue
             if old is not None:
                 tally.count(old, _room_of(ctx, old, keys), -1)
             if new is not None:
                 tally.count(new, _room_of(ctx, new, keys), 1)
-    _keep_table(ctx.config, ("rooms", keys.room), (nodes, tally))
+    fresh = _Carried(nodes, snapshot.node_log, snapshot.generation, tally)
+    _keep_table(ctx.config, ("rooms", keys.room), fresh)
     return tally
 
 
