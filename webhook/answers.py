@@ -57,6 +57,9 @@ GANG_ID_PLACEHOLDER: Final = GangId("".join(("<", "gang id", ">")))
 """Stands for the request's gang id while the rules run. Built at run time, so that this
 one string object is the only one ``is`` finds in a patch; no decoded request holds it."""
 
+_PLACEHOLDER_TEXT: Final = jsonio.dumps(GANG_ID_PLACEHOLDER)[1:-1]
+"""How the placeholder reads in JSON: a value whose encoding lacks it cannot hold it."""
+
 Hole = tuple[int, tuple[str | int, ...]]
 """Where the gang id goes: the operation's index, and the path inside its value."""
 
@@ -108,7 +111,11 @@ def keep(
 ) -> Answer:
     """Remember an allowed answer whose patch was made with ``GANG_ID_PLACEHOLDER``."""
     holes = tuple(
-        (index, path) for index, op in enumerate(patch) for path in _holes(op.get("value"), ())
+        (index, path)
+        for index, op in enumerate(patch)
+        # the text first (cheap, and absent from most values), then the object itself
+        if _PLACEHOLDER_TEXT in jsonio.dumps(op.get("value"))
+        for path in _holes(op.get("value"), ())
     )
     answer = Answer(patch, holes, tuple(warnings), decision, reason, queue)
     if len(memo) >= ANSWERS_KEPT:
