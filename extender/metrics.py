@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from cluster.cache import CacheCounters
@@ -61,6 +62,26 @@ _REASON_FRAGMENTS: Final = (
     (" free, pod needs", "gpus_in_use"),
 )
 REASON_CATEGORIES: Final = frozenset(c for _, c in _REASON_FRAGMENTS) | {"other"}
+
+
+_CATEGORIES_KEPT: Final = 4096
+"""Reason texts whose category is remembered (most repeat; a few name a node)."""
+
+
+class _Children:
+    """A labelled metric's children by label values, each made once."""
+
+    __slots__ = ("_made", "_metric")
+
+    def __init__(self, metric: MetricWrapperBase) -> None:
+        self._metric = metric
+        self._made: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._made.get(values)
+        if child is None:
+            child = self._made[values] = self._metric.labels(*values)
+        return child
 
 
 def reason_category(reason: str) -> str:
@@ -202,6 +223,14 @@ class ExtenderMetrics:
             registry=self.registry,
         )
         self.registry.register(_CacheCollector(counters))
+        # labels() costs more than the update it leads to (a lock, a look-up by values):
+        # each child is looked up once, then kept by its label values
+        self._requests = _Children(self.requests)
+        self._latency = _Children(self.latency)
+        self._decision = _Children(self.decision)
+        self._filter_nodes = _Children(self.filter_nodes)
+        self._filter_reasons = _Children(self.filter_reasons)
+        self._categories: dict[str, str] = {}
 
     def pod_mix(self, sizes: int, pods: int, *, changed: bool = True) -> None:
         """The mix in use: ``sizes`` pod sizes learned from ``pods`` GPU pods."""
@@ -211,19 +240,19 @@ class ExtenderMetrics:
             self.mix_changes.inc()
 
     def answered(self, verb: str, result: str, seconds: float) -> None:
-        self.requests.labels(verb, result).inc()
-        self.latency.labels(verb).observe(seconds)
+        self._requests(verb, result).inc()
+        self._latency(verb).observe(seconds)
 
     def decided(self, verb: str, seconds: float) -> None:
-        self.decision.labels(verb).observe(seconds)
+        self._decision(verb).observe(seconds)
 
     def filtered(self, outcome: FilterOutcome) -> None:
         if outcome.fits:
-            self.filter_nodes.labels("fit").inc(len(outcome.fits))
+            self._filter_nodes("fit").inc(len(outcome.fits))
         if outcome.failed:
-            self.filter_nodes.labels("failed").inc(len(outcome.failed))
+            self._filter_nodes("failed").inc(len(outcome.failed))
         if outcome.unresolvable:
-            self.filter_nodes.labels("unresolvable").inc(len(outcome.unresolvable))
+            self._filter_nodes("unresolvable").inc(len(outcome.unresolvable))
         self._reasons(outcome.failed, outcome.unresolvable)
 
     def _reasons(self, *maps: Mapping[NodeName, str]) -> None:
@@ -232,10 +261,16 @@ class ExtenderMetrics:
         for reasons in maps:
             tally.update(reasons.values())
         per_category: Tally[str] = Tally()
+        categories = self._categories
         for reason, count in tally.items():
-            per_category[reason_category(reason)] += count
+            category = categories.get(reason)
+            if category is None:
+                if len(categories) >= _CATEGORIES_KEPT:
+                    categories.clear()
+                category = categories[reason] = reason_category(reason)
+            per_category[category] += count
         for category, count in per_category.items():
-            self.filter_reasons.labels(category).inc(count)
+            self._filter_reasons(category).inc(count)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
