@@ -31,6 +31,13 @@ class WebhookMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.answers = Counter(
+            "tessera_webhook_answers",
+            "Allowed CREATEs by where the answer came from: kept (an object like it was "
+            "answered before, under the same policy) or computed (the rules ran).",
+            ("source",),
+            registry=self.registry,
+        )
         self.policy_age = Gauge(
             "tessera_webhook_policy_age_seconds",
             "Seconds since the queue policy last changed.",
@@ -40,6 +47,7 @@ class WebhookMetrics:
         # labels() costs more than the increment (a lock, a lookup by label values):
         # each counter child is looked up once, then kept here by its labels.
         self._children: dict[tuple[str, str, str, str], Any] = {}
+        self._sources: dict[str, Any] = {}
 
     def observe(self, outcome: ReviewOutcome, seconds: float) -> None:
         key = (outcome.kind, outcome.decision, outcome.reason, outcome.queue)
@@ -48,6 +56,11 @@ class WebhookMetrics:
             child = self._children[key] = self.reviews.labels(*key)
         child.inc()
         self.latency.observe(seconds)
+        if outcome.answer:
+            source = self._sources.get(outcome.answer)
+            if source is None:
+                source = self._sources[outcome.answer] = self.answers.labels(outcome.answer)
+            source.inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

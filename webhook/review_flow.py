@@ -43,6 +43,9 @@ class ReviewOutcome:
     """Why: the denying rule, ``admitted``, ``no-gpu``, ``owned``, …"""
     queue: str = ""
     patch: JsonPatch | None = None
+    answer: str = ""
+    """For an allowed CREATE: ``kept`` when the answer kept for an object like it was
+    given (``webhook.answers``), ``computed`` when the rules ran; else empty."""
 
 
 def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOutcome:
@@ -68,7 +71,7 @@ def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOut
     if key is not None:
         kept = policy.answers.get(key)
         if kept is not None:
-            return _answer(request, kept)
+            return _answer(request, kept, "kept")
     placeholder = GANG_ID_PLACEHOLDER if key is not None else None
     decision = admit(request, policy, config, placeholder=placeholder)
     kind = request.kind.kind
@@ -84,7 +87,7 @@ def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOut
                 reason=decision.reason,
                 queue=decision.queue,
             )
-            return _answer(request, answer)
+            return _answer(request, answer, "computed")
         return ReviewOutcome(
             200,
             encode_response(request.uid, allowed=True, patch=patch, warnings=decision.warnings),
@@ -124,7 +127,7 @@ def _memo_key(request: ReviewRequest, config: AdmitConfig) -> tuple[object, ...]
     return answer_key((kind.group, kind.version, kind.kind), request.namespace, obj, config)
 
 
-def _answer(request: ReviewRequest, answer: Answer) -> ReviewOutcome:
+def _answer(request: ReviewRequest, answer: Answer, source: str) -> ReviewOutcome:
     """A kept answer, given to ``request`` with its own gang id."""
     patch = answer.patch
     if answer.holes:
@@ -140,6 +143,7 @@ def _answer(request: ReviewRequest, answer: Answer) -> ReviewOutcome:
         reason=answer.reason,
         queue=answer.queue,
         patch=patch,
+        answer=source,
     )
 
 

@@ -192,6 +192,28 @@ async def test_metrics_count_reviews_by_decision(server: Server) -> None:
     assert "tessera_webhook_policy_age_seconds" in text
 
 
+async def test_a_renamed_job_is_answered_from_what_was_kept_and_metrics_say_so(
+    server: Server,
+) -> None:
+    first = captured_job_review()
+    again = captured_job_review()
+    again["request"]["uid"] = "another-request"
+    again["request"]["object"]["metadata"]["generateName"] = "sweep-"
+    answers = [(await server.post(jsonio.dumps(review)))[1] for review in (first, again)]
+    assert [a["response"]["allowed"] for a in answers] == [True, True]
+    assert answers[1]["response"]["uid"] == "another-request"
+    patches = [jsonio.loads(base64.b64decode(a["response"]["patch"])) for a in answers]
+    gangs = [
+        next(op["value"] for op in patch if op["path"] == "/spec/template/metadata/labels")
+        for patch in patches
+    ]
+    assert gangs[0]["tessera.dev/gang"].startswith("team-nlp.finetune-")
+    assert gangs[1]["tessera.dev/gang"].startswith("team-nlp.sweep-")
+    _, text = await server.get("/metrics")
+    assert 'tessera_webhook_answers_total{source="computed"} 1.0' in text
+    assert 'tessera_webhook_answers_total{source="kept"} 1.0' in text
+
+
 async def test_plain_http_gets_no_answer(server: Server) -> None:
     port = int(server.url.rsplit(":", 1)[1])
     async with aiohttp.ClientSession() as plain:
