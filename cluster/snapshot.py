@@ -4,7 +4,9 @@ Layer: PURE. No async, no I/O, no clock, no settings, no aiohttp or kubernetes_a
 and no import of the cache that produces snapshots. A ``Snapshot`` is what every reader
 decides against: take one, decide, and never ``await`` in between. Nothing in a snapshot
 changes after it is handed out; the cache builds the next one by sharing what did not
-change (whole ``NodeState`` objects, whole shards of the pod maps).
+change (whole ``NodeState`` objects, whole shards of the pod maps). ``NodeChangeLog``
+says which nodes changed between two generations, for readers that carry what they
+derived from one snapshot to the next.
 """
 
 from __future__ import annotations

@@ -19,7 +19,18 @@ verdicts, the packing and island-fit part of the score, how many pods of the sha
 is kept in the node's ``memo`` under a key naming everything it read (``filter_key``,
 ``score_key``). A node object never changes and a changed node starts with an empty
 memo, so a remembered answer is always the one the functions would give; what reads the
-time or the gang (maintenance, gang filters, gang locality) runs every time.
+time or the gang (maintenance, gang filters, gang locality) runs every time. Three more
+memos rest on the same rule, that a key holds everything its answer reads:
+
+* ``ExtenderConfig.by_state``: the same answers by node *state* (``gpu_state``), so a
+  changed node that reaches a state seen before, on it or on another node, finds them;
+* ``flat_answers``: per pod shape, each node's answer by name, kept from one snapshot to
+  the next by dropping the nodes the cache's ``NodeChangeLog`` names (one look-up per
+  candidate, where the node memo takes three);
+* a gang's room per domain (``_room_tally``): counted once per snapshot, kept in its
+  ``memo``, and carried to the next by re-counting the changed nodes.
+
+All three belong to one config: a new config (a new pod mix) starts them afresh.
 
 The model of a node (``cluster.model``): GPUs with an index, an NVLink island, health
 and free milli-GPUs. Unhealthy GPUs are never counted or chosen. A whole-GPU pod takes
