@@ -140,7 +140,8 @@ def _place(free: list[int], shape: _Shape) -> tuple[int, ...] | None:
 def _pod(
     number: int, shape: _Shape, node: str | None, indices: tuple[int, ...], gang: int
 ) -> dict[str, Any]:
-    namespace = f"team-{number % NAMESPACES:02d}"
+    # a gang's members are one job's pods: one namespace, one gang id
+    namespace = f"team-{(gang if gang >= 0 else number) % NAMESPACES:02d}"
     job = f"job-{gang if gang >= 0 else number}"
     name = f"{job}-{number:06d}"
     resource_name = keys.GPU_RESOURCE if shape.gpus else keys.GPU_MILLI_RESOURCE
