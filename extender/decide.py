@@ -66,10 +66,6 @@ SUBSETS_TRIED: Final = 4096
 minimal one (no victim can be spared) found greedily."""
 
 
-_UNSCORED: Final = object()
-"""Not in a node's memo yet (``None`` there means: no GPUs can be chosen)."""
-
-
 def _not_cached(name: str) -> str:
     return f"node {name} is not in the extender's cache (not seen by its watch yet, or deleted)"
 
