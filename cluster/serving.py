@@ -21,6 +21,7 @@ from typing import Any
 import uvloop
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.metrics import MetricWrapperBase
 
 from cluster import logs
 from cluster.tls import CertReloader
@@ -52,6 +53,24 @@ def _report_end(task: asyncio.Task[None]) -> None:
             exc_info=task.exception(),
             extra=logs.fields(task=task.get_name()),
         )
+
+
+class MetricChildren:
+    """A labelled metric's children by label values, each made once. ``labels()`` costs
+    more than the update it leads to (a lock, a look-up by values), and the servers
+    update their metrics on every request."""
+
+    __slots__ = ("_made", "_metric")
+
+    def __init__(self, metric: MetricWrapperBase) -> None:
+        self._metric = metric
+        self._made: dict[tuple[str, ...], Any] = {}
+
+    def __call__(self, *values: str) -> Any:
+        child = self._made.get(values)
+        if child is None:
+            child = self._made[values] = self._metric.labels(*values)
+        return child
 
 
 def add_probes(

@@ -12,15 +12,15 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from cluster.cache import CacheCounters
 from cluster.model import MILLI_PER_GPU, NodeName
+from cluster.serving import MetricChildren
 from extender.decide import FilterOutcome
 
 # kube-scheduler waits on /filter and /prioritize inside its scheduling loop: resolve the
@@ -66,22 +66,6 @@ REASON_CATEGORIES: Final = frozenset(c for _, c in _REASON_FRAGMENTS) | {"other"
 
 _CATEGORIES_KEPT: Final = 4096
 """Reason texts whose category is remembered (most repeat; a few name a node)."""
-
-
-class _Children:
-    """A labelled metric's children by label values, each made once."""
-
-    __slots__ = ("_made", "_metric")
-
-    def __init__(self, metric: MetricWrapperBase) -> None:
-        self._metric = metric
-        self._made: dict[tuple[str, ...], Any] = {}
-
-    def __call__(self, *values: str) -> Any:
-        child = self._made.get(values)
-        if child is None:
-            child = self._made[values] = self._metric.labels(*values)
-        return child
 
 
 def reason_category(reason: str) -> str:
@@ -223,13 +207,11 @@ class ExtenderMetrics:
             registry=self.registry,
         )
         self.registry.register(_CacheCollector(counters))
-        # labels() costs more than the update it leads to (a lock, a look-up by values):
-        # each child is looked up once, then kept by its label values
-        self._requests = _Children(self.requests)
-        self._latency = _Children(self.latency)
-        self._decision = _Children(self.decision)
-        self._filter_nodes = _Children(self.filter_nodes)
-        self._filter_reasons = _Children(self.filter_reasons)
+        self._requests = MetricChildren(self.requests)
+        self._latency = MetricChildren(self.latency)
+        self._decision = MetricChildren(self.decision)
+        self._filter_nodes = MetricChildren(self.filter_nodes)
+        self._filter_reasons = MetricChildren(self.filter_reasons)
         self._categories: dict[str, str] = {}
 
     def pod_mix(self, sizes: int, pods: int, *, changed: bool = True) -> None:

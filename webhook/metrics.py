@@ -6,10 +6,10 @@ Layer: I/O (exposition). Counts what ``review_flow`` reports; must not decide an
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from cluster.serving import MetricChildren
 from webhook.review_flow import ReviewOutcome
 
 # Admission is on every create's critical path: resolve well below a millisecond.
@@ -44,23 +44,14 @@ class WebhookMetrics:
             registry=self.registry,
         )
         self.policy_age.set_function(policy_age_s)
-        # labels() costs more than the increment (a lock, a lookup by label values):
-        # each counter child is looked up once, then kept here by its labels.
-        self._children: dict[tuple[str, str, str, str], Any] = {}
-        self._sources: dict[str, Any] = {}
+        self._reviews = MetricChildren(self.reviews)
+        self._answers = MetricChildren(self.answers)
 
     def observe(self, outcome: ReviewOutcome, seconds: float) -> None:
-        key = (outcome.kind, outcome.decision, outcome.reason, outcome.queue)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = self.reviews.labels(*key)
-        child.inc()
+        self._reviews(outcome.kind, outcome.decision, outcome.reason, outcome.queue).inc()
         self.latency.observe(seconds)
         if outcome.answer:
-            source = self._sources.get(outcome.answer)
-            if source is None:
-                source = self._sources[outcome.answer] = self.answers.labels(outcome.answer)
-            source.inc()
+            self._answers(outcome.answer).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
