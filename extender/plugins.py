@@ -40,6 +40,7 @@ GPUs nobody uses; a share takes part of one GPU.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -1171,10 +1172,14 @@ def _unhealthy_note(node: NodeState) -> str:
     return f" (GPU {','.join(bad)} unhealthy)"
 
 
+# Kept: a draining node's reason is written on every request that names it (it reads
+# the time, so no memo holds it), and strftime was most of a plain pod's filter there.
+@functools.lru_cache(maxsize=1024)
 def _rfc3339(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@functools.lru_cache(maxsize=256)
 def _duration(seconds: int) -> str:
     """``4h``, ``1h30m``, ``90s``: as a person would write the time limit."""
     hours, rest = divmod(seconds, 3600)
