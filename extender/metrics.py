@@ -52,7 +52,7 @@ _REASON_FRAGMENTS: Final = (
     ("requires topology level", "gang_level"),
     ("has room for", "gang_room"),
     ("; gang ", "gang_domain"),
-    ("; node is in ", "gang_domain"),
+    ("; the node is in another ", "gang_domain"),
     ("node has no GPUs", "no_gpus"),
     ("are unhealthy", "too_few_gpus"),
     ("node has ", "too_few_gpus"),

@@ -9,6 +9,7 @@ import pytest
 
 from cluster.model import NodeState, PodDemand
 from extender.config import ExtenderConfig
+from extender.decide import filter_nodes
 from extender.plugins import (
     FIT,
     Unfit,
@@ -259,7 +260,7 @@ PLACED = [pod("m0", gang_member(), node="a1", indices=(0, 1, 2, 3))]
         pytest.param(
             gang_member(),
             RACKS[2],
-            unfit("gang ns.job has 1 member in rack r1; node is in rack r2", False),
+            unfit("gang ns.job has 1 member in rack r1; the node is in another rack", False),
             id="other-rack",
         ),
         pytest.param(
@@ -275,7 +276,7 @@ PLACED = [pod("m0", gang_member(), node="a1", indices=(0, 1, 2, 3))]
         pytest.param(
             gang_member(topology="required:cloud.example.com/topology-rack"),
             RACKS[2],
-            unfit("gang ns.job has 1 member in rack r1; node is in rack r2", False),
+            unfit("gang ns.job has 1 member in rack r1; the node is in another rack", False),
             id="level-named-by-its-label",
         ),
         pytest.param(
@@ -297,6 +298,31 @@ def test_filter_gang_domain(want: PodDemand, target: NodeState, expected: Verdic
     assert filter_gang_domain(context(want, snap=snap, name="m1"), target) == expected
 
 
+def test_gang_reasons_name_no_other_domain_so_kube_scheduler_counts_them_as_one() -> None:
+    # kube-scheduler's event lists each distinct reason with its node count: a reason
+    # naming each node's own rack would list every rack of the cluster
+    nodes = [node(".... ....", f"n{i}", rack=f"r{i % 7}") for i in range(40)]
+    member = pod("m0", gang_member(), node="n0", indices=(0, 1, 2, 3))
+    snap = snapshot(nodes, [member])
+    outcome = filter_nodes(snap, pod("m1", gang_member()), [n.name for n in nodes], CONFIG, NOW)
+    assert len(outcome.fits) == 6  # n0, n7, ... n35: rack r0
+    assert set(outcome.unresolvable.values()) == {
+        "gang ns.job has 1 member in rack r0; the node is in another rack"
+    }
+    first = snapshot(
+        [node(f"{'#' * (i % 3)}{'.' * (8 - i % 3)}", f"n{i}", rack=f"r{i}") for i in range(9)]
+    )
+    outcome = filter_nodes(
+        first, pod("m0", gang_member(size=4, gpus=8)), [f"n{i}" for i in range(9)], CONFIG, NOW
+    )
+    # nine racks, two room sizes: two reasons, none of them a rack's name
+    assert outcome.fits == ()
+    assert set(outcome.unresolvable.values()) == {
+        f"the node's rack has room for {n} of gang ns.job now, it needs 4 together"
+        for n in ("0 members", "1 member")
+    }
+
+
 @pytest.mark.parametrize(
     ("layouts", "want", "expected"),
     [
@@ -309,19 +335,28 @@ def test_filter_gang_domain(want: PodDemand, target: NodeState, expected: Verdic
         pytest.param(
             ["##.. ##..", "##.. ##..", "##.. ##..", "##.. ##.."],
             gang_member(size=2),
-            unfit("rack r1 has room for 0 members of gang ns.job now, it needs 2 together", True),
+            unfit(
+                "the node's rack has room for 0 members of gang ns.job now, it needs 2 together",
+                True,
+            ),
             id="gpu-sums-are-not-room-for-whole-pods",
         ),
         pytest.param(
             ["#... ....", "#... ...."],
             gang_member(size=4),
-            unfit("rack r1 has room for 2 members of gang ns.job now, it needs 4 together", True),
+            unfit(
+                "the node's rack has room for 2 members of gang ns.job now, it needs 4 together",
+                True,
+            ),
             id="room-taken-by-others-is-resolvable",
         ),
         pytest.param(
             ["....", "...."],
             gang_member(size=4),
-            unfit("rack r1 has room for 2 members of gang ns.job now, it needs 4 together", False),
+            unfit(
+                "the node's rack has room for 2 members of gang ns.job now, it needs 4 together",
+                False,
+            ),
             id="rack-too-small-even-empty",
         ),
         pytest.param(
@@ -356,7 +391,7 @@ def test_gang_room_skips_nodes_the_pod_could_never_use() -> None:
     want = gang_member(size=4, products=("H100",))
     verdict = filter_gang_room(context(want, snap=snapshot(nodes), name="m0"), nodes[0])
     assert verdict == unfit(
-        "rack r1 has room for 2 members of gang ns.job now, it needs 4 together", False
+        "the node's rack has room for 2 members of gang ns.job now, it needs 4 together", False
     )
 
 

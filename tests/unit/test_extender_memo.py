@@ -131,7 +131,7 @@ def test_a_gang_sees_room_taken_since_its_last_request() -> None:
         build_context(taken, pod("m0", member), CONFIG, NOW), taken.nodes[NodeName("a")]
     )
     assert isinstance(later, Unfit)
-    assert "rack r1 has room for 1 member" in later.reason
+    assert "the node's rack has room for 1 member" in later.reason
 
 
 @settings(max_examples=100)
