@@ -893,17 +893,16 @@ def run_filters_keyed(ctx: PodContext, node: NodeState, key: str) -> Verdict:
         found = _static_verdicts(ctx, node, key)
     if ctx.gang is None and node.drain_after is None:
         return found[0]  # maintenance and both gang filters are FIT here
-    _, cordon, product, gpus = found
-    return _combine(
-        (
-            cordon,
-            product,
-            filter_maintenance(ctx, node),
-            filter_gang_domain(ctx, node),
-            gpus,
-            filter_gang_room(ctx, node),
-        )
-    )
+    combined, cordon, product, gpus = found
+    maintenance = filter_maintenance(ctx, node)
+    domain = filter_gang_domain(ctx, node)
+    if combined is FIT and maintenance is FIT:
+        # only the gang's filters can refuse: _combine's answer without its loop
+        if domain is FIT:
+            return filter_gang_room(ctx, node)
+        if isinstance(domain, Unfit) and not domain.resolvable:
+            return domain
+    return _combine((cordon, product, maintenance, domain, gpus, filter_gang_room(ctx, node)))
 
 
 # ---------------------------------------------------------------- scorers

@@ -3,14 +3,18 @@ what a person reads when it may not, and whether preemption could help."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cluster.model import NodeState, PodDemand
 from extender.config import ExtenderConfig
 from extender.decide import filter_nodes
 from extender.plugins import (
+    FILTERS,
     FIT,
     Unfit,
     Verdict,
@@ -413,6 +417,52 @@ def test_an_unresolvable_reason_wins_over_a_resolvable_one() -> None:
 
 def test_a_fitting_node_passes_every_filter() -> None:
     assert run_filters(context(demand(2, products=("H100",), time_limit_s=60)), node()) is FIT
+
+
+_MARKS = st.text(alphabet=".#x5", min_size=4, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    layout=st.tuples(_MARKS, _MARKS).map(" ".join),
+    rack=st.sampled_from(["r1", "r2", None]),
+    cordoned=st.booleans(),
+    drains_in_h=st.sampled_from([None, 1, 8]),
+    want=st.sampled_from(
+        [
+            demand(2),
+            demand(milli=500),
+            gang_member(),
+            gang_member(gpus=2, size=3),
+            gang_member("preferred:rack"),
+            gang_member("required:zone"),
+        ]
+    ),
+    placed=st.booleans(),
+    limit_h=st.sampled_from([None, 2]),
+)
+def test_run_filters_gives_the_first_unresolvable_reason_else_the_first_reason(
+    *,
+    layout: str,
+    rack: str | None,
+    cordoned: bool,
+    drains_in_h: int | None,
+    want: PodDemand,
+    placed: bool,
+    limit_h: int | None,
+) -> None:
+    # the rule as FILTERS and their docstrings state it, against run_filters' shortcuts
+    drain = None if drains_in_h is None else NOW + timedelta(hours=drains_in_h)
+    target = node(layout, "t", rack=rack, drain_after=drain, unschedulable=cordoned)
+    want = replace(want, time_limit_s=None if limit_h is None else limit_h * 3600)
+    others = [node(".... ....", "a1", rack="r1"), node(".... ....", "b1", rack="r2")]
+    members = [pod("m0", gang_member(), node="a1", indices=(0, 1, 2, 3))] if placed else []
+    ctx = context(want, snap=snapshot([*others, target], members), name="m1")
+    verdicts = [check(ctx, target) for check in FILTERS]
+    unfit = [v for v in verdicts if isinstance(v, Unfit)]
+    hopeless = [v for v in unfit if not v.resolvable]
+    expected = hopeless[0] if hopeless else unfit[0] if unfit else FIT
+    assert run_filters(ctx, target) == expected
 
 
 # ---------------------------------------------------------------- choosing GPUs
