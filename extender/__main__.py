@@ -77,7 +77,7 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
         "cpu-stranding",
         type=float,
         help="0..1: how much of a free GPU that its node's CPU can no longer serve counts as "
-        "a fragment for packing (default 0.5)",
+        "a fragment for packing (default 0.2)",
     )
     flag(
         "pod-mix",

@@ -925,7 +925,8 @@ def fragmentation(
     known, too little CPU) leaves every free milli a fragment; so does a pod without
     GPUs. When the CPU holds fewer pods of a size than its usable GPUs would, the GPUs
     it cannot serve (those with the least free) count ``cpu_stranding`` of their free
-    milli as fragments.
+    milli as fragments. The pods the CPU holds are counted as a fraction (free CPU over
+    the size's CPU): with 25 cores and pods of 10, two and a half GPUs are served.
     """
     frees = sorted(gpu.free_milli for gpu in node.gpus if gpu.healthy)
     total = sum(frees)
@@ -961,9 +962,11 @@ def fragmentation(
             if not ok:
                 weighted += entry.weight * total
                 continue
-        # pods of this size the CPU can still hold (only the GPU count limits without CPU)
-        by_cpu = (
-            cpu_free // entry.cpu_milli
+        # pods of this size the CPU can still hold (only the GPU count limits without
+        # CPU), as a fraction: pods of a size ask for CPU around its typical value, so
+        # each core short strands part of a GPU, not a whole GPU at a floor's step
+        by_cpu: float = (
+            cpu_free / entry.cpu_milli
             if cpu_stranding and cpu_free is not None and entry.cpu_milli
             else len(frees)
         )
@@ -988,10 +991,23 @@ def fragmentation(
                 frag = total
             else:
                 first = bisect.bisect_left(frees, m)
-                unserved = max(0, len(frees) - first - by_cpu)
-                frag = prefix[first] + cpu_stranding * (prefix[first + unserved] - prefix[first])
+                frag = prefix[first] + cpu_stranding * _least_free(
+                    frees, prefix, first, len(frees) - first - by_cpu
+                )
         weighted += entry.weight * frag
     return weighted / weights
+
+
+def _least_free(frees: list[int], prefix: list[int], first: int, count: float) -> float:
+    """The free milli of the ``count`` (a fraction, or none) GPUs with the least free
+    from ``frees[first]`` on (``frees`` sorted, ``prefix`` its running sums)."""
+    if count <= 0:
+        return 0.0
+    whole = int(count)
+    held = float(prefix[first + whole] - prefix[first])
+    if first + whole < len(frees):
+        held += (count - whole) * frees[first + whole]
+    return held
 
 
 def score_packing(ctx: PodContext, node: NodeState) -> float:

@@ -370,8 +370,9 @@ POLICIES: Final[dict[str, PolicyFactory]] = {
     "tessera-coarse": _tessera(name="tessera-coarse", scale=5.0),  # half the resolution
     "tessera-nogang": _tessera(ScoringWeights(gang_locality=0.0), name="tessera-nogang"),
     # FGD's CPU rule (cpu_stranding 0): GPUs the node's CPU cannot serve cost nothing
-    # until it cannot hold even one pod of a size. Seeds 42-45: within 0.02 of `fgd` on
-    # default, gpushare40 and multigpu30, where the default 0.5 gained +0.28/+0.05/+0.05
+    # until it cannot hold even one pod of a size. Seeds 52-81, means: within 0.01 of
+    # `fgd` on gpushare40 and multigpu30, where the default (0.2, pods the CPU holds
+    # counted as a fraction) gains +0.27 and +0.10
     "tessera-fgdcpu": _tessera(cpu_stranding=0.0, name="tessera-fgdcpu"),
     # with the island best fit at 0.2 against packing's 10 (the earlier default)
     "tessera-island": _tessera(ScoringWeights(island_fit=0.2), name="tessera-island"),

@@ -112,15 +112,17 @@ def test_packing_weighs_the_cpu_other_pods_took_not_the_allocatable() -> None:
 @pytest.mark.parametrize(
     ("cpu_free", "stranding", "mix", "expected"),
     [
-        # 4 free GPUs, pods of 1 GPU and 10 cores: 25 cores serve 2 of them
+        # 4 free GPUs, pods of 1 GPU and 10 cores: 25 cores serve 2.5 of them
         pytest.param(40_000, 0.5, ONE_10C, 0, id="cpu-for-every-gpu"),
         pytest.param(25_000, 0.0, ONE_10C, 0, id="fgd-ignores-cpu-for-two"),
-        pytest.param(25_000, 0.5, ONE_10C, 1000, id="two-gpus-half-lost"),
-        pytest.param(25_000, 1.0, ONE_10C, 2000, id="two-gpus-lost"),
+        pytest.param(20_000, 0.5, ONE_10C, 1000, id="two-gpus-half-lost"),
+        pytest.param(25_000, 0.5, ONE_10C, 750, id="each-core-short-strands-a-part"),
+        pytest.param(25_000, 1.0, ONE_10C, 1500, id="one-and-a-half-gpus-lost"),
         pytest.param(5_000, 0.5, ONE_10C, 4000, id="no-cpu-for-one-loses-all"),
         # GPUs free 300/1000/600/500, shares of 500 with 10 cores: 25 cores serve two
-        # GPUs, the one left over is the least free (500); 300 is a fragment anyway
-        pytest.param(25_000, 0.5, HALF_10C, 300 + 0.5 * 500, id="shares-strand-least-free"),
+        # and a half GPUs; the half left over is of the least free (500); 300 is a
+        # fragment anyway
+        pytest.param(25_000, 0.5, HALF_10C, 300 + 0.5 * 250, id="shares-strand-least-free"),
         pytest.param(25_000, 0.0, HALF_10C, 300, id="shares-fgd"),
         pytest.param(None, 1.0, HALF_10C, 300, id="cpu-unknown-strands-nothing"),
     ],

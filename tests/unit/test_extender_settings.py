@@ -38,7 +38,7 @@ def test_the_pod_mix_is_learned_and_cpu_strands_half_unless_told_otherwise() -> 
     settings = ExtenderSettings()
     assert settings.pod_mix == "learned"
     assert settings.pod_mix_interval_s == 60
-    assert settings.to_config().cpu_stranding == ExtenderConfig().cpu_stranding == 0.5
+    assert settings.to_config().cpu_stranding == ExtenderConfig().cpu_stranding == 0.2
 
 
 @pytest.mark.parametrize(
