@@ -44,7 +44,7 @@ import functools
 import math
 import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from operator import attrgetter
 from types import MappingProxyType
@@ -132,12 +132,9 @@ class GangView:
     """No member placed yet and a level to keep to: room per domain value at that level."""
     node_fits: Mapping[NodeName, int] = field(default_factory=dict)
     """How many members each node counted in ``rooms`` holds now (to re-count one node)."""
-    outside: Unfit | None = None
-    """``required`` with ``allowed_domains``: the verdict of a node outside them."""
-    room_verdicts: dict[tuple[int, bool], Unfit] = field(
-        default_factory=dict, compare=False, repr=False
-    )
-    """``filter_gang_room``'s verdicts by (room, resolvable), written once per request."""
+    reasons: dict[Hashable, Unfit] = field(default_factory=dict, compare=False, repr=False)
+    """The gang filters' verdicts, each written once per request: ``_OUTSIDE`` for a node
+    outside ``allowed_domains``, (room, resolvable) for a domain without room."""
 
     @property
     def level(self) -> TopologyLevel | None:
@@ -215,7 +212,7 @@ def _gang_view(snapshot: Snapshot, ctx: PodContext, spec: GangSpec) -> GangView:
             allowed = frozenset(v for v, n in placed.items() if n == top) if required else None
         else:
             rooms = _rooms(snapshot, ctx, focus.node_label, node_fits)
-    view = GangView(
+    return GangView(
         spec=spec,
         members=members,
         required=required,
@@ -227,9 +224,6 @@ def _gang_view(snapshot: Snapshot, ctx: PodContext, spec: GangSpec) -> GangView:
         rooms=None if rooms is None else MappingProxyType(rooms),
         node_fits=MappingProxyType(node_fits),
     )
-    if required is None or allowed is None:
-        return view
-    return replace(view, outside=_outside(view, required, allowed))
 
 
 def _locality_labels(config: ExtenderConfig) -> tuple[str, ...]:
@@ -762,20 +756,22 @@ def filter_gang_domain(ctx: PodContext, node: NodeState) -> Verdict:
     allowed = gang.allowed_domains
     if allowed is None or value in allowed:
         return FIT
-    return gang.outside or _outside(gang, level, allowed)
+    # One text for every node outside the gang's domain, so that kube-scheduler's event
+    # counts them as one reason (``4990 node(s) ...``) rather than listing each other
+    # domain by name.
+    verdict = gang.reasons.get(_OUTSIDE)
+    if verdict is None:
+        where = " or ".join(sorted(allowed))
+        placed = gang.member_domains.get(level.node_label, {}).get(min(allowed), 0)
+        verdict = gang.reasons[_OUTSIDE] = Unfit(
+            f"gang {gang.spec.id} has {_members(placed)} in {level.name} {where}; "
+            f"the node is in another {level.name}",
+            resolvable=False,
+        )
+    return verdict
 
 
-def _outside(gang: GangView, level: TopologyLevel, allowed: frozenset[str]) -> Unfit:
-    """The verdict of every node outside the gang's domain: one text for all of them,
-    so that kube-scheduler's event counts them as one reason (``4990 node(s) ...``)
-    rather than listing each other domain by name."""
-    where = " or ".join(sorted(allowed))
-    placed = gang.member_domains.get(level.node_label, {}).get(min(allowed), 0)
-    return Unfit(
-        f"gang {gang.spec.id} has {_members(placed)} in {level.name} {where}; "
-        f"the node is in another {level.name}",
-        resolvable=False,
-    )
+_OUTSIDE: Final = "outside"
 
 
 def filter_gang_room(ctx: PodContext, node: NodeState) -> Verdict:
@@ -792,11 +788,11 @@ def filter_gang_room(ctx: PodContext, node: NodeState) -> Verdict:
     free, total = domain_room(ctx, gang, value, node)
     if free >= need:
         return FIT
-    # the domain unnamed, for the same reason as ``_outside``: one text per room size
+    # the domain unnamed, as in filter_gang_domain: one text per room size
     key = (free, total >= need)
-    verdict = gang.room_verdicts.get(key)
+    verdict = gang.reasons.get(key)
     if verdict is None:
-        verdict = gang.room_verdicts[key] = Unfit(
+        verdict = gang.reasons[key] = Unfit(
             f"the node's {level.name} has room for {_members(free)} of gang {gang.spec.id} "
             f"now, it needs {need} together",
             resolvable=key[1],
