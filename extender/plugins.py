@@ -152,11 +152,22 @@ class PodContext:
     gang: GangView | None = None
     fits_key: str = field(init=False, repr=False, compare=False)
     """The memo key of ``pod_fits`` for this pod, which gang filters read per node."""
+    ends: datetime | None = field(init=False, repr=False, compare=False)
+    """When the pod's time limit ends if it starts now (None: no limit), which the
+    maintenance filter compares with every draining node's time."""
+    drains: dict[datetime, Verdict] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+    """The maintenance verdict by drain time, for this request: nodes of one
+    maintenance window share it, reason text and all."""
 
     def __post_init__(self) -> None:
         d = self.demand
         key = sys.intern(f"p|{d.gpus}|{d.gpu_milli}|{self.config.islands_required}")
         object.__setattr__(self, "fits_key", key)
+        limit = d.time_limit_s
+        ends = None if limit is None else self.now + timedelta(seconds=limit)
+        object.__setattr__(self, "ends", ends)
 
 
 def build_context(
@@ -654,24 +665,29 @@ def filter_maintenance(ctx: PodContext, node: NodeState) -> Verdict:
     drain = node.drain_after
     if drain is None:
         return FIT
-    limit = ctx.demand.time_limit_s
-    if limit is not None and ctx.now + timedelta(seconds=limit) <= drain:
-        return FIT  # before any words: most pods that reach here fit
+    verdict = ctx.drains.get(drain)
+    if verdict is None:
+        verdict = ctx.drains[drain] = _maintenance(ctx, drain)
+    return verdict
+
+
+def _maintenance(ctx: PodContext, drain: datetime) -> Verdict:
+    ends = ctx.ends
+    if ends is not None and ends <= drain:
+        return FIT
     when = _rfc3339(drain)
-    if limit is None:
+    limit = ctx.demand.time_limit_s
+    if ends is None or limit is None:
         return Unfit(
             f"node drains for maintenance at {when}; pod has no time limit "
             "(activeDeadlineSeconds) to end before it",
             resolvable=False,
         )
-    ends = ctx.now + timedelta(seconds=limit)
-    if ends > drain:
-        return Unfit(
-            f"node drains for maintenance at {when}; pod's time limit of "
-            f"{_duration(limit)} would end at {_rfc3339(ends)}",
-            resolvable=False,
-        )
-    return FIT
+    return Unfit(
+        f"node drains for maintenance at {when}; pod's time limit of "
+        f"{_duration(limit)} would end at {_rfc3339(ends)}",
+        resolvable=False,
+    )
 
 
 def filter_gpus(ctx: PodContext, node: NodeState) -> Verdict:
@@ -887,9 +903,17 @@ def run_filters_keyed(ctx: PodContext, node: NodeState, key: str) -> Verdict:
     found: _Static | None = node.memo.get(key)
     if found is None:
         found = _static_verdicts(ctx, node, key)
-    if ctx.gang is None and node.drain_after is None:
-        return found[0]  # maintenance and both gang filters are FIT here
     combined, cordon, product, gpus = found
+    if ctx.gang is None:
+        if node.drain_after is None:
+            return combined  # maintenance and both gang filters are FIT here
+        maintenance = filter_maintenance(ctx, node)
+        if maintenance is FIT:
+            return combined
+        if isinstance(combined, Fit):
+            return maintenance
+        # both refuse: maintenance never resolves, and only cordon and product precede it
+        return combined if not combined.resolvable and combined is not gpus else maintenance
     maintenance = filter_maintenance(ctx, node)
     domain = filter_gang_domain(ctx, node)
     if combined is FIT and maintenance is FIT:
@@ -1204,8 +1228,9 @@ def _unhealthy_note(node: NodeState) -> str:
     return f" (GPU {','.join(bad)} unhealthy)"
 
 
-# Kept: a draining node's reason is written on every request that names it (it reads
-# the time, so no memo holds it), and strftime was most of a plain pod's filter there.
+# Kept: a maintenance reason is written on every request that names a draining node
+# (once per drain time: it reads the time, so no memo outlives the request), and
+# strftime was most of a plain pod's filter there.
 @functools.lru_cache(maxsize=1024)
 def _rfc3339(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
