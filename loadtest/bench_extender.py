@@ -475,6 +475,7 @@ async def serve_and_drive(
         )
         offset += int(100 * args.warm_cycle)
     cpu_before = proc_cpu_s(server.pid)
+    client_before = proc_cpu_s(os.getpid())
     cycle = await cycle_run(
         server.port,
         cluster,
@@ -485,6 +486,8 @@ async def serve_and_drive(
     )
     cpu["cycle"] = (proc_cpu_s(server.pid) - cpu_before) / max(1, cycle.result.sent)
     busy = cpu["cycle"] * cycle.result.sent / max(cycle.result.elapsed_s, 1e-9)
+    # the load generator shares the machine: near a whole core, it adds its own queueing
+    client_busy = (proc_cpu_s(os.getpid()) - client_before) / max(cycle.result.elapsed_s, 1e-9)
     out["cycle"] = cycle.result.latency.summary()
     extra = f" errors {dict(cycle.result.errors)}" if cycle.result.errors else ""
     extra += f" STOPPED: {cycle.result.stopped}" if cycle.result.stopped else ""
@@ -492,7 +495,7 @@ async def serve_and_drive(
         f"[{name}] cycle @{args.cycle_rate:.0f} pods/s, achieved "
         f"{cycle.result.achieved_rate:.0f}/s, no fit {cycle.no_fit}, "
         f"bind errors {cycle.bind_errors}{extra}; server CPU {cpu['cycle'] * 1e3:.2f} ms "
-        f"per pod ({busy:.0%} of its core)"
+        f"per pod ({busy:.0%} of its core; load generator {client_busy:.0%} of its own)"
     )
     for kind, count in sorted(cycle.bind_error_kinds.items(), key=lambda kv: -kv[1])[:5]:
         say(f"[{name}]   bind error x{count}: {kind[:160]}")
