@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import zlib
 from bisect import bisect_right
-from collections.abc import Hashable, Iterator, Mapping
+from collections.abc import Hashable, ItemsView, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field, replace
 from itertools import chain, islice
 from types import MappingProxyType
@@ -123,9 +123,33 @@ class ShardedMap(Mapping[K, V], Generic[K, V]):
 
     def shards(self) -> Iterator[Mapping[K, V]]:
         """The non-empty shards, read-only, in iteration order: a reader that walks a
-        large map in steps takes a shard's values at C speed, without hashing each key
-        again as ``values()`` does."""
+        large map in steps takes a shard's values at C speed."""
         return filter(None, chain.from_iterable(self._groups))
+
+    # Mapping's views would look every key up again (a crc32 each): walk the shards.
+    def values(self) -> ValuesView[V]:
+        return _ShardValues(self)
+
+    def items(self) -> ItemsView[K, V]:
+        return _ShardItems(self)
+
+
+class _ShardValues(ValuesView[V], Generic[K, V]):
+    def __init__(self, mapping: ShardedMap[K, V]) -> None:
+        super().__init__(mapping)
+        self._sharded = mapping
+
+    def __iter__(self) -> Iterator[V]:
+        return chain.from_iterable(shard.values() for shard in self._sharded.shards())
+
+
+class _ShardItems(ItemsView[K, V]):
+    def __init__(self, mapping: ShardedMap[K, V]) -> None:
+        super().__init__(mapping)
+        self._sharded = mapping
+
+    def __iter__(self) -> Iterator[tuple[K, V]]:
+        return chain.from_iterable(shard.items() for shard in self._sharded.shards())
 
 
 def batches(items: Mapping[K, V], size: int) -> Iterator[list[V]]:

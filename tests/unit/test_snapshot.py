@@ -160,6 +160,14 @@ def test_sharded_map_reads_like_a_dict() -> None:
     assert list(frozen) == list(ShardedMap.of(items)), "iteration order does not depend on luck"
     with pytest.raises(KeyError):
         frozen["ns/missing"]
+    # the views walk the shards, in the keys' order
+    assert list(frozen.values()) == [frozen[key] for key in frozen]
+    assert list(frozen.items()) == [(key, frozen[key]) for key in frozen]
+    assert len(frozen.values()) == len(frozen.items()) == 1000
+    assert ("ns/pod-3", 3) in frozen.items()
+    assert ("ns/pod-3", 4) not in frozen.items()
+    assert 999 in frozen.values()
+    assert 1000 not in frozen.values()
 
 
 @given(st.integers(0, 3000), st.integers(1, 500), st.booleans())
