@@ -66,6 +66,10 @@ SUBSETS_TRIED: Final = 4096
 minimal one (no victim can be spared) found greedily."""
 
 
+_UNKNOWN: Final = -1.0
+"""Not a score (they are 0..10): what a look-up in the kept scores gives for no entry."""
+
+
 def _not_cached(name: str) -> str:
     return f"node {name} is not in the extender's cache (not seen by its watch yet, or deleted)"
 
@@ -153,10 +157,12 @@ def score_nodes(
     # node unchanged since an earlier request with a pod of this shape costs a look-up.
     flat = flat_answers(snapshot, config, sys.intern(f"{fkey}|{skey}")) if plain else None
     known_scores = cast("dict[NodeName, float | None]", flat if flat is not None else {})
+    # a kept score may be None (the pod does not fit): one look-up tells it from no entry
     scored: list[tuple[NodeName, float | None]] = []
     for name in cast("Iterable[NodeName]", node_names):
-        if name in known_scores:
-            scored.append((name, known_scores[name]))
+        known = known_scores.get(name, _UNKNOWN)
+        if known is not _UNKNOWN:
+            scored.append((name, known))
             continue
         node = nodes.get(name)
         if node is None:
