@@ -101,14 +101,29 @@ Verdict: TypeAlias = Fit | Unfit
 # ---------------------------------------------------------------- the pod's context
 
 
-@dataclass(frozen=True, slots=True)
-class DomainRoom:
-    """How many members of a gang one topology domain can hold."""
+_NONE: Final[Mapping[NodeName, int]] = MappingProxyType({})
 
-    free: int
+
+@dataclass(frozen=True, slots=True)
+class DomainRooms:
+    """How many members of a gang each topology domain at one level can hold, and what
+    each node counted there holds. Read-only views of the kept room count
+    (``_room_tally``), not copies: a first member's request reads a few domains of
+    hundreds, and a few nodes of thousands."""
+
+    free: Mapping[str, int]
     """Members that fit on the domain's free GPUs now."""
-    total: int
+    total: Mapping[str, int]
     """Members that would fit if no other pod held a GPU there."""
+    fits_on: Mapping[NodeName, int]
+    """Members each counted node holds now, draining nodes aside."""
+    draining_fits: Mapping[NodeName, int]
+    """The same for the draining nodes this pod may use (counted in ``free`` too)."""
+
+    def node_fits(self, name: NodeName) -> int | None:
+        """Members ``name`` holds now as counted here; None if it is not counted."""
+        found = self.fits_on.get(name)
+        return found if found is not None else self.draining_fits.get(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +143,8 @@ class GangView:
     """Members whose node the snapshot knows (those counted in ``member_domains``)."""
     allowed_domains: frozenset[str] | None = None
     """``required``: the domain(s) at that level holding the most placed members."""
-    rooms: Mapping[str, DomainRoom] | None = None
+    rooms: DomainRooms | None = None
     """No member placed yet and a level to keep to: room per domain value at that level."""
-    node_fits: Mapping[NodeName, int] = field(default_factory=dict)
-    """How many members each node counted in ``rooms`` holds now (to re-count one node)."""
     reasons: dict[Hashable, Unfit] = field(default_factory=dict, compare=False, repr=False)
     """The gang filters' verdicts, each written once per request: ``_OUTSIDE`` for a node
     outside ``allowed_domains``, (room, resolvable) for a domain without room."""
@@ -215,14 +228,13 @@ def _gang_view(snapshot: Snapshot, ctx: PodContext, spec: GangSpec) -> GangView:
     focus = required or preferred
     allowed = None
     rooms = None
-    node_fits: dict[NodeName, int] = {}
     if focus is not None:
         placed = counts.get(focus.node_label, {})
         if placed:
             top = max(placed.values())
             allowed = frozenset(v for v, n in placed.items() if n == top) if required else None
         else:
-            rooms = _rooms(snapshot, ctx, focus.node_label, node_fits)
+            rooms = _rooms(snapshot, ctx, focus.node_label)
     return GangView(
         spec=spec,
         members=members,
@@ -232,8 +244,7 @@ def _gang_view(snapshot: Snapshot, ctx: PodContext, spec: GangSpec) -> GangView:
         member_domains=MappingProxyType({k: MappingProxyType(v) for k, v in counts.items()}),
         members_located=located,
         allowed_domains=allowed,
-        rooms=None if rooms is None else MappingProxyType(rooms),
-        node_fits=MappingProxyType(node_fits),
+        rooms=rooms,
     )
 
 
@@ -242,9 +253,7 @@ def _locality_labels(config: ExtenderConfig) -> tuple[str, ...]:
     return (*(level.node_label for level in config.levels), "")
 
 
-def _rooms(
-    snapshot: Snapshot, ctx: PodContext, label: str, node_fits: dict[NodeName, int]
-) -> dict[str, DomainRoom]:
+def _rooms(snapshot: Snapshot, ctx: PodContext, label: str) -> DomainRooms:
     """Room for members of the gang per domain at ``label``, over every known node that
     could take one of them at all. Whole pods per node, not GPU sums: eight GPUs free as
     two per node hold no member of four GPUs.
@@ -262,16 +271,21 @@ def _rooms(
         tally = _room_tally(snapshot, ctx, _RoomKeys(label, rkey, fkey, pkey))
         snapshot.memo[rkey] = tally
     free, total = tally.free, tally.total
-    if tally.draining:
-        free, total = dict(free), dict(total)
-        for node, (value, fits, empty) in tally.draining.values():
-            if filter_maintenance(ctx, node) is not FIT:
-                continue
-            node_fits[node.name] = fits
-            free[value] = free.get(value, 0) + fits
-            total[value] = total.get(value, 0) + empty
-    node_fits.update(tally.fits_on)
-    return {value: DomainRoom(free[value], total[value]) for value in free}
+    draining: dict[NodeName, int] = {}
+    for node, (value, fits, empty) in tally.draining.values():
+        if filter_maintenance(ctx, node) is not FIT:
+            continue
+        if not draining:
+            free, total = dict(free), dict(total)
+        draining[node.name] = fits
+        free[value] = free.get(value, 0) + fits
+        total[value] = total.get(value, 0) + empty
+    return DomainRooms(
+        MappingProxyType(free),
+        MappingProxyType(total),
+        MappingProxyType(tally.fits_on),
+        MappingProxyType(draining) if draining else _NONE,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -819,12 +833,15 @@ def filter_gang_room(ctx: PodContext, node: NodeState) -> Verdict:
 def domain_room(ctx: PodContext, gang: GangView, value: str, node: NodeState) -> tuple[int, int]:
     """(free, total) room for members in domain ``value``, with ``node`` counted as it is
     given (it may differ from the snapshot's: victims evicted, or the request's copy)."""
-    room = (gang.rooms or {}).get(value, DomainRoom(0, 0))
-    before = gang.node_fits.get(node.name)
+    rooms = gang.rooms
+    if rooms is None:
+        return 0, 0
+    free, total = rooms.free.get(value, 0), rooms.total.get(value, 0)
+    before = rooms.node_fits(node.name)
     if before is None:
-        return room.free, room.total
+        return free, total
     now, _ = _fits(ctx, node, ctx.fits_key)
-    return room.free - before + now, room.total
+    return free - before + now, total
 
 
 Filter: TypeAlias = Callable[[PodContext, NodeState], Verdict]

@@ -179,7 +179,11 @@ def _rooms_of(snap: Snapshot, config: ExtenderConfig) -> tuple[object, object]:
     member = pod("m0", demand(4, gang="ns.job", size=2, topology="required:rack"))
     gang = build_context(snap, member, config, NOW).gang
     assert gang is not None
-    return gang.rooms, gang.node_fits
+    rooms = gang.rooms
+    if rooms is None:
+        return None, None
+    fits = {**rooms.fits_on, **rooms.draining_fits}
+    return {v: (rooms.free[v], rooms.total[v]) for v in rooms.free}, fits
 
 
 _LAYOUTS = st.lists(
