@@ -25,10 +25,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from operator import attrgetter
+from typing import Protocol
 
 from aiohttp import web
 
@@ -87,23 +88,15 @@ class _InFlight:
 
 
 class Binds:
-    """What ``/bind`` keeps between requests: the binder, the pods seen by ``/filter``
-    (kube-scheduler may bind a pod before the watch shows it), and the binds under way
-    (a bind kube-scheduler repeats after its timeout waits for the first one)."""
+    """What ``/bind`` keeps between requests: the binder, the pods of recent requests
+    (kube-scheduler may bind a pod before the watch shows it; ``/prioritize`` reads the
+    pod ``/filter`` decoded), and the binds under way (a bind kube-scheduler repeats
+    after its timeout waits for the first one)."""
 
     def __init__(self, binder: Binder | None, recent_limit: int) -> None:
         self.binder = binder
-        self.recent: dict[str, PodInfo] = {}
+        self.recent = wire.RecentPods(recent_limit)
         self.inflight: dict[PodKey, _InFlight] = {}
-        self._limit = recent_limit
-
-    def remember(self, pod: PodInfo) -> None:
-        if not pod.uid or not self._limit:
-            return
-        self.recent.pop(pod.uid, None)
-        self.recent[pod.uid] = pod
-        if len(self.recent) > self._limit:
-            del self.recent[next(iter(self.recent))]
 
 
 class LiveConfig:
@@ -130,7 +123,17 @@ SOURCE = web.AppKey("source", Source)
 BINDS = web.AppKey("binds", Binds)
 ENVIRON = web.AppKey("environ", Mapping[str, str])
 
-Handle = Callable[[bytes, Snapshot, ExtenderConfig, datetime], verbs.Reply]
+
+class Handle(Protocol):
+    def __call__(
+        self,
+        body: bytes,
+        snapshot: Snapshot,
+        config: ExtenderConfig,
+        now: datetime,
+        *,
+        recent: wire.RecentPods | None = None,
+    ) -> verbs.Reply: ...
 
 
 # ---------------------------------------------------------------- plumbing
@@ -185,10 +188,10 @@ async def _decide(request: web.Request, verb: str, handle: Handle) -> web.Respon
         return early
     assert isinstance(body, bytes)
     began = clock.monotonic()
-    reply = handle(body, app[CACHE].snapshot(), app[CONFIG].current, clock.now())
+    reply = handle(
+        body, app[CACHE].snapshot(), app[CONFIG].current, clock.now(), recent=app[BINDS].recent
+    )
     metrics.decided(verb, clock.monotonic() - began)
-    if reply.pod is not None:
-        app[BINDS].remember(reply.pod)
     if reply.outcome is not None:
         metrics.filtered(reply.outcome)
     if reply.status == verbs.BAD_REQUEST:
@@ -291,7 +294,7 @@ async def _carry_out(app: web.Application, placement: Placement) -> str:
             raise BindError("the extender has no binder yet (still starting)")
         await binder.bind(placement)
         error = ""
-        binds.recent.pop(placement.pod.uid, None)
+        binds.recent.forget(placement.pod.uid)
         log.info(
             "bound",
             extra=logs.fields(pod=key, node=placement.node, gpus=placement.annotation),

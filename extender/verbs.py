@@ -34,15 +34,12 @@ BAD_REQUEST = 400
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """An HTTP answer; ``outcome`` and ``note`` are for the shell's metrics and logs,
-    ``pod`` is the decoded pod of a ``/filter`` or ``/prioritize`` (the shell remembers
-    it for a ``/bind`` that arrives before the watch shows the pod)."""
+    """An HTTP answer; ``outcome`` and ``note`` are for the shell's metrics and logs."""
 
     status: int
     body: bytes
     outcome: decide.FilterOutcome | None = None
     note: str = ""
-    pod: PodInfo | None = None
 
 
 def _bad(reason: str) -> Reply:
@@ -52,10 +49,20 @@ def _bad(reason: str) -> Reply:
 _NO_CANDIDATES = "the request names no nodes: Nodes and NodeNames are both null"
 
 
-def handle_filter(body: bytes, snapshot: Snapshot, config: ExtenderConfig, now: datetime) -> Reply:
-    """``POST /filter``: the candidates the pod fits, in the request's spelling."""
+def handle_filter(
+    body: bytes,
+    snapshot: Snapshot,
+    config: ExtenderConfig,
+    now: datetime,
+    *,
+    recent: wire.RecentPods | None = None,
+) -> Reply:
+    """``POST /filter``: the candidates the pod fits, in the request's spelling.
+
+    ``recent`` keeps the decoded pod, for the ``/prioritize`` and ``/bind`` that follow.
+    """
     try:
-        args = wire.decode_extender_args(body)
+        args = wire.decode_extender_args(body, recent)
     except wire.BadRequest as exc:
         return _bad(str(exc))
     if args.node_names is not None:
@@ -66,18 +73,21 @@ def handle_filter(body: bytes, snapshot: Snapshot, config: ExtenderConfig, now: 
             given.snapshot, args.pod, given.names, config, now, unresolvable=given.unresolvable
         )
     else:
-        return Reply(
-            OK, wire.encode_filter_error(_NO_CANDIDATES), note=_NO_CANDIDATES, pod=args.pod
-        )
-    return Reply(OK, wire.encode_filter(args, outcome), outcome=outcome, pod=args.pod)
+        return Reply(OK, wire.encode_filter_error(_NO_CANDIDATES), note=_NO_CANDIDATES)
+    return Reply(OK, wire.encode_filter(args, outcome), outcome=outcome)
 
 
 def handle_prioritize(
-    body: bytes, snapshot: Snapshot, config: ExtenderConfig, now: datetime
+    body: bytes,
+    snapshot: Snapshot,
+    config: ExtenderConfig,
+    now: datetime,
+    *,
+    recent: wire.RecentPods | None = None,
 ) -> Reply:
     """``POST /prioritize``: a score 0..10 per candidate, in the request's order."""
     try:
-        args = wire.decode_extender_args(body)
+        args = wire.decode_extender_args(body, recent)
     except wire.BadRequest as exc:
         return _bad(str(exc))
     if args.node_names is not None:
@@ -89,8 +99,8 @@ def handle_prioritize(
         order = [name for name in map(_item_name, args.nodes.items) if name is not None]
         scores = decide.wire_scores([(n, scored.get(n)) for n in order], config)
     else:
-        return Reply(OK, wire.encode_priorities([]), note=_NO_CANDIDATES, pod=args.pod)
-    return Reply(OK, wire.encode_priorities(scores), pod=args.pod)
+        return Reply(OK, wire.encode_priorities([]), note=_NO_CANDIDATES)
+    return Reply(OK, wire.encode_priorities(scores))
 
 
 def _item_name(item: Mapping[str, object]) -> NodeName | None:
@@ -140,10 +150,17 @@ def bind_reply(error: str = "") -> Reply:
     return Reply(OK, wire.encode_binding_result(error), note=error)
 
 
-def handle_preempt(body: bytes, snapshot: Snapshot, config: ExtenderConfig, now: datetime) -> Reply:
+def handle_preempt(
+    body: bytes,
+    snapshot: Snapshot,
+    config: ExtenderConfig,
+    now: datetime,
+    *,
+    recent: wire.RecentPods | None = None,
+) -> Reply:
     """``POST /preempt``: the proposed nodes where eviction really helps, fewest victims."""
     try:
-        args = wire.decode_preemption_args(body)
+        args = wire.decode_preemption_args(body, recent)
     except wire.BadRequest as exc:
         return _bad(str(exc))
     chosen = decide.preempt(snapshot, args.pod, args.proposals, config, now)

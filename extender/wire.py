@@ -27,7 +27,7 @@ is ``nodeCacheCapable`` and ``Nodes`` otherwise:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Final, TypeVar
@@ -222,23 +222,75 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {first['msg']}{more}"
 
 
-def _pod(raw: Mapping[str, Any] | None, what: str) -> PodInfo:
+class RecentPods(Mapping[str, PodInfo]):
+    """The pods of the last ``limit`` requests, by UID, each with the resourceVersion it
+    was decoded from.
+
+    kube-scheduler sends one pod object to ``/filter``, then ``/prioritize`` (and
+    ``/preempt``), and binds it moments later, often before the watch shows it. A
+    resourceVersion names one content of an object, so a pod that comes again with the
+    same UID and resourceVersion is the pod decoded before: a look-up instead of a
+    second conversion, which is most of a small request's cost. Without a
+    resourceVersion a pod is converted every time, and kept by UID for ``/bind``.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._pods: dict[str, tuple[str, PodInfo]] = {}
+
+    def decode(self, raw: Mapping[str, Any]) -> PodInfo:
+        """The pod of ``raw`` (``ConversionError`` if it is not one), kept for next time."""
+        metadata = raw.get("metadata")
+        uid = version = None
+        if isinstance(metadata, Mapping):
+            uid, version = metadata.get("uid"), metadata.get("resourceVersion")
+        if not isinstance(uid, str) or not uid:
+            return pod_from_json(raw)
+        kept = self._pods.get(uid)
+        if kept is not None and isinstance(version, str) and version and kept[0] == version:
+            del self._pods[uid]  # back in last: the most recent goes last
+            self._pods[uid] = kept
+            return kept[1]
+        pod = pod_from_json(raw)  # a pod that does not convert changes nothing here
+        if self._limit:
+            self._pods.pop(uid, None)
+            self._pods[uid] = (version if isinstance(version, str) else "", pod)
+            if len(self._pods) > self._limit:
+                del self._pods[next(iter(self._pods))]
+        return pod
+
+    def forget(self, uid: str) -> None:
+        """``uid`` is bound: the watch has it, or soon will."""
+        self._pods.pop(uid, None)
+
+    def __getitem__(self, uid: str) -> PodInfo:
+        return self._pods[uid][1]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pods)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+
+def _pod(raw: Mapping[str, Any] | None, what: str, recent: RecentPods | None) -> PodInfo:
     if raw is None:
         raise BadRequest(f"the body is not an {what}: Pod is missing or null")
     try:
-        return pod_from_json(raw)
+        return pod_from_json(raw) if recent is None else recent.decode(raw)
     except ConversionError as exc:
         raise BadRequest(f"the body is not an {what}: Pod: {exc}") from None
 
 
-def decode_extender_args(body: bytes) -> ExtenderArgs:
+def decode_extender_args(body: bytes, recent: RecentPods | None = None) -> ExtenderArgs:
     """An ``ExtenderArgs`` (``/filter``, ``/prioritize``); ``BadRequest`` if it is not one.
 
     Neither ``NodeNames`` nor ``Nodes`` is a valid ExtenderArgs for Go, and a logical
     problem here: it decodes, with both None, and the caller answers with ``Error``.
+    The pod is read through ``recent`` when given.
     """
     model = _validate(ExtenderArgsModel, body, "ExtenderArgs")
-    pod = _pod(model.Pod, "ExtenderArgs")
+    pod = _pod(model.Pod, "ExtenderArgs", recent)
     nodes = None
     if model.Nodes is not None:
         nodes = NodeList(
@@ -265,12 +317,12 @@ def decode_binding_args(body: bytes) -> BindingArgs:
     )
 
 
-def decode_preemption_args(body: bytes) -> PreemptionArgs:
+def decode_preemption_args(body: bytes, recent: RecentPods | None = None) -> PreemptionArgs:
     """An ``ExtenderPreemptionArgs``, from ``NodeNameToMetaVictims`` (nodeCacheCapable)
-    or else ``NodeNameToVictims`` (whole victim Pods)."""
+    or else ``NodeNameToVictims`` (whole victim Pods); the pod read through ``recent``."""
     what = "ExtenderPreemptionArgs"
     model = _validate(ExtenderPreemptionArgsModel, body, what)
-    pod = _pod(model.Pod, what)
+    pod = _pod(model.Pod, what, recent)
     proposals: dict[str, NodeVictims] = {}
     if model.NodeNameToMetaVictims is not None:
         for node, meta in model.NodeNameToMetaVictims.items():

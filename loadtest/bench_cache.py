@@ -161,6 +161,9 @@ def _pod(
             "name": name,
             "namespace": namespace,
             "uid": f"10000000-0000-4000-8000-{number:012d}",
+            # kube-scheduler's pods carry one, and /prioritize reads a pod /filter decoded
+            # by it: without it the cycle would decode every pod twice
+            "resourceVersion": str(1_000 + number),
             "labels": labels,
             "annotations": annotations,
         },

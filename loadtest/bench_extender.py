@@ -87,7 +87,8 @@ def write_cluster(path: Path, nodes: int, pods: int, seed: int) -> Cluster:
 
 
 def probe_pod(gpus: int = 1, milli: int = 0) -> dict[str, Any]:
-    """The pod of the per-verb runs: one GPU (or a share), not in the cache, no gang."""
+    """The pod of the per-verb runs: one GPU (or a share), not in the cache, no gang.
+    Without a resourceVersion, so that each request decodes it, as a new pod's would."""
     resource = keys.GPU_RESOURCE if gpus else keys.GPU_MILLI_RESOURCE
     amount = str(gpus or milli)
     return {

@@ -176,7 +176,12 @@ def pod_json(
     labels: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """A Pod. Without ``containers``, one container asks for ``gpus``/``gpu_milli``/…"""
+    """A Pod. Without ``containers``, one container asks for ``gpus``/``gpu_milli``/…
+
+    Every pod has resourceVersion 296: one extender reads a pod it has decoded before by
+    UID and resourceVersion, so a test that sends it two different pods of one name and
+    namespace gives the second another resourceVersion.
+    """
     pod_labels = {"batch.kubernetes.io/job-name": name.rsplit("-", 1)[0]}
     if gang is not None:
         pod_labels[keys.GANG] = gang

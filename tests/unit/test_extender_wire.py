@@ -23,6 +23,67 @@ def body(value: Any) -> bytes:
     return jsonio.dumps(value)
 
 
+# ---------------------------------------------------------------- RecentPods
+
+
+def _version(pod: dict[str, Any], version: str | None) -> dict[str, Any]:
+    metadata = dict(pod["metadata"])
+    metadata.pop("resourceVersion")
+    if version is not None:
+        metadata["resourceVersion"] = version
+    return pod | {"metadata": metadata}
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "same"),
+    [
+        pytest.param("296", "296", True, id="same-version-is-read-back"),
+        pytest.param("296", "297", False, id="new-version-is-decoded"),
+        pytest.param(None, None, False, id="no-version-is-decoded-each-time"),
+        pytest.param("296", None, False, id="version-dropped-is-decoded"),
+    ],
+)
+def test_recent_pods_read_back_a_pod_only_for_the_same_uid_and_version(
+    first: str | None, then: str | None, same: bool
+) -> None:
+    recent = wire.RecentPods(10)
+    four = recent.decode(_version(POD, first))
+    # the same UID with other content: only a new resourceVersion may say so
+    two = recent.decode(_version(builders.pod_json("train-0", "team-nlp", gpus=2), then))
+    assert (two is four) == same
+    assert two.demand.gpus == (4 if same else 2)
+    assert recent[two.uid] is two, "/bind finds the pod last decoded under its UID"
+
+
+def test_recent_pods_keep_the_last_ones_by_uid() -> None:
+    recent = wire.RecentPods(2)
+    pods = [recent.decode(builders.pod_json(f"p-{i}", gpus=1)) for i in range(3)]
+    assert list(recent) == [pods[1].uid, pods[2].uid]
+    recent.decode(builders.pod_json("p-1", gpus=1))  # read again: the most recent now
+    recent.decode(builders.pod_json("p-3", gpus=1))
+    assert pods[1].uid in recent
+    assert pods[2].uid not in recent
+    recent.forget(pods[1].uid)
+    assert pods[1].uid not in recent
+    assert len(recent) == 1
+
+
+def test_recent_pods_with_no_room_keep_nothing_but_still_decode() -> None:
+    recent = wire.RecentPods(0)
+    assert recent.decode(POD).demand.gpus == 4
+    assert len(recent) == 0
+
+
+def test_a_bad_pod_is_not_kept_and_does_not_drop_the_good_one() -> None:
+    recent = wire.RecentPods(10)
+    good = recent.decode(POD)
+    bad = _version(POD, "297")
+    bad["metadata"] = {k: v for k, v in bad["metadata"].items() if k != "name"}
+    with pytest.raises(wire.BadRequest, match="Pod"):
+        wire.decode_extender_args(body({"Pod": bad, "NodeNames": ["gpu-a"]}), recent)
+    assert dict(recent) == {good.uid: good}
+
+
 # ---------------------------------------------------------------- ExtenderArgs
 
 
