@@ -92,7 +92,8 @@ class ExtenderSettings(BaseModel):
     bind_timeout_s: float = Field(4.0, gt=0)
     """Budget of the API calls of one bind; below kube-scheduler's 5 s httpTimeout."""
     recent_pods: int = Field(10_000, ge=0)
-    """Pods remembered from /filter for a /bind that comes before the watch shows them."""
+    """Pods kept from the last requests (``wire.RecentPods``): /prioritize reads the pod
+    /filter decoded, and a /bind that comes before the watch shows its pod finds it."""
 
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
     """5,000 full Node objects (``nodeCacheCapable: false``) are ~25 MB."""
