@@ -39,6 +39,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
+import uvloop
+
 from cluster import jsonio
 from cluster import labels as keys
 from cluster.cache import ClusterCache
@@ -578,7 +580,9 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> N
                 )
                 with ExitStack() as one:
                     server.start(one)
-                    results[name] = asyncio.run(
+                    # the load generator on uvloop as the servers are: a slow client
+                    # would add its own delays to every latency it measures
+                    results[name] = uvloop.run(
                         serve_and_drive(
                             name, server, cluster, args, clock=clock, say=say, offset=offset * 5000
                         )
