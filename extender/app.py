@@ -23,6 +23,7 @@ every interval; a batch of pods at a time, so that requests are answered in betw
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -416,8 +417,28 @@ async def _watch_cluster(app: web.Application) -> AsyncIterator[None]:
             binds.binder = ApiBinder(client, timeout_s=settings.bind_timeout_s)
         informers = CacheFeed(app[CACHE], levels=app[CONFIG].current.level_labels).informers(client)
         app[SOURCE].informers = informers
-        async with serving.background(run_all(informers), "watch nodes and pods"):
+        async with (
+            serving.background(run_all(informers), "watch nodes and pods"),
+            serving.background(_keep_listed(app[SOURCE]), "keep the listed cluster"),
+        ):
             yield
+
+
+async def _keep_listed(source: Source) -> None:
+    """Once the informers have listed, move what is alive out of the collector's reach.
+
+    The cluster they loaded is most of the heap (about 760,000 objects at 150,000 pods)
+    and lives as long as the process; a full collection would walk all of it, holding
+    every request for most of a second. A cluster file is kept the same way when the
+    server starts (``serving.serve``).
+    """
+    await source.wait_synced()
+    gc.collect(1)  # the young garbage, so that none of it is kept for good
+    gc.freeze()
+    log.info(
+        "listed cluster kept out of garbage collection",
+        extra=logs.fields(objects=gc.get_freeze_count()),
+    )
 
 
 # ---------------------------------------------------------------- the app

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import gc
 import logging
 import os
 import ssl
@@ -612,10 +613,13 @@ async def test_not_ready_until_nodes_and_pods_are_listed(
         status, answer = await ext.post("/filter", filter_args(pod, ["gpu-a"]))
         assert status == 503
         assert "not synced" in answer["Error"]
+        kept = gc.get_freeze_count()
         listing.set()
         await ext.ready()
         status, result = await ext.post("/filter", filter_args(pod, ["gpu-a"]))
         assert (status, result["NodeNames"]) == (200, ["gpu-a"])
+        # what was listed is kept out of the collector's full passes
+        assert gc.get_freeze_count() > kept
 
 
 async def test_metrics_report_verbs_reasons_assumptions_and_gpus(tmp_path: Path) -> None:
