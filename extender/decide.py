@@ -141,11 +141,14 @@ def score_nodes(
     node_names: Iterable[str],
     config: ExtenderConfig,
     now: datetime,
-) -> list[tuple[NodeName, float | None]]:
-    """The combined score (0..10) of each named node, None where the pod does not fit.
+) -> list[float | None]:
+    """The combined score (0..10) of each named node, in order; None where the pod does
+    not fit.
 
     The fine-grained answer, for callers that rank nodes themselves (the load test);
-    ``prioritize`` is what goes on the wire.
+    ``prioritize`` is what goes on the wire. Scores alone, not (name, score) pairs: a
+    request with every node of a large cluster would make a pair per node, and the
+    collector would walk them.
     """
     ctx = build_context(snapshot, pod, config, now)
     fkey, skey = filter_key(ctx), score_key(ctx)
@@ -158,15 +161,15 @@ def score_nodes(
     flat = flat_answers(snapshot, config, sys.intern(f"{fkey}|{skey}")) if plain else None
     known_scores = cast("dict[NodeName, float | None]", flat if flat is not None else {})
     # a kept score may be None (the pod does not fit): one look-up tells it from no entry
-    scored: list[tuple[NodeName, float | None]] = []
+    scored: list[float | None] = []
     for name in cast("Iterable[NodeName]", node_names):
         known = known_scores.get(name, _UNKNOWN)
         if known is not _UNKNOWN:
-            scored.append((name, known))
+            scored.append(known)
             continue
         node = nodes.get(name)
         if node is None:
-            scored.append((name, None))
+            scored.append(None)
             continue
         if run_filters_keyed(ctx, node, fkey) is not FIT:
             score = None
@@ -177,7 +180,7 @@ def score_nodes(
             score = score_node_keyed(ctx, node, skey)
         if flat is not None and node.drain_after is None:
             flat[name] = score
-        scored.append((name, score))
+        scored.append(score)
     return scored
 
 
@@ -187,38 +190,31 @@ def prioritize(
     node_names: Iterable[str],
     config: ExtenderConfig,
     now: datetime,
-) -> list[tuple[NodeName, int]]:
-    """Integer scores 0..10 for ``/prioritize``, in the request's order."""
+) -> list[int]:
+    """Integer scores 0..10 for ``/prioritize``, one per name, in the request's order."""
     return wire_scores(score_nodes(snapshot, pod, node_names, config, now), config)
 
 
-def wire_scores(
-    scored: Sequence[tuple[NodeName, float | None]], config: ExtenderConfig
-) -> list[tuple[NodeName, int]]:
+def wire_scores(scored: Sequence[float | None], config: ExtenderConfig) -> list[int]:
     """Scores as the wire carries them: integers 0..10, 0 for a node that does not fit.
 
     Normalized (the default), the fitting nodes spread over 1..10, best = 10, so that
     the eleven values separate candidates as well as they can and a fitting node never
     ties with one that does not fit. Otherwise each score is rounded on its own.
     """
-    values = [s for _, s in scored if s is not None]
+    values = [s for s in scored if s is not None]
     if not values:
-        return [(name, 0) for name, _ in scored]
+        return [0] * len(scored)
     top = int(MAX_SCORE)
     # one comprehension per case: this runs once per candidate, 5,000 of them at scale
     if not config.normalize_scores:
-        return [
-            (name, 0 if score is None else max(0, min(top, round(score)))) for name, score in scored
-        ]
+        return [0 if score is None else max(0, min(top, round(score))) for score in scored]
     low, high = min(values), max(values)
     span = high - low
     if span < 1e-9:
-        return [(name, 0 if score is None else top) for name, score in scored]
+        return [0 if score is None else top for score in scored]
     # low..high onto 1..10: within bounds by construction, no clamp needed
-    return [
-        (name, 0 if score is None else 1 + round(9 * (score - low) / span))
-        for name, score in scored
-    ]
+    return [0 if score is None else 1 + round(9 * (score - low) / span) for score in scored]
 
 
 # ---------------------------------------------------------------- full Node objects

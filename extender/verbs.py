@@ -19,7 +19,7 @@ the Binding, and answers with ``bind_reply``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -91,16 +91,18 @@ def handle_prioritize(
     except wire.BadRequest as exc:
         return _bad(str(exc))
     if args.node_names is not None:
-        scores = decide.prioritize(snapshot, args.pod, args.node_names, config, now)
+        hosts: Sequence[str] = args.node_names
+        scores = decide.prioritize(snapshot, args.pod, hosts, config, now)
     elif args.nodes is not None:
         given = decide.request_nodes(snapshot, args.nodes.items, config)
-        scored = dict(decide.score_nodes(given.snapshot, args.pod, given.names, config, now))
+        scored = decide.score_nodes(given.snapshot, args.pod, given.names, config, now)
+        by_name: dict[str, float | None] = dict(zip(given.names, scored, strict=True))
         # every node of the request gets a score, the unusable ones 0, in its order
-        order = [name for name in map(_item_name, args.nodes.items) if name is not None]
-        scores = decide.wire_scores([(n, scored.get(n)) for n in order], config)
+        hosts = [name for name in map(_item_name, args.nodes.items) if name is not None]
+        scores = decide.wire_scores([by_name.get(n) for n in hosts], config)
     else:
-        return Reply(OK, wire.encode_priorities([]), note=_NO_CANDIDATES)
-    return Reply(OK, wire.encode_priorities(scores))
+        return Reply(OK, wire.encode_priorities((), ()), note=_NO_CANDIDATES)
+    return Reply(OK, wire.encode_priorities(hosts, scores))
 
 
 def _item_name(item: Mapping[str, object]) -> NodeName | None:

@@ -27,7 +27,7 @@ is ``nodeCacheCapable`` and ``Nodes`` otherwise:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Final, TypeVar
@@ -403,9 +403,12 @@ def _node_list(nodes: NodeList, items: Sequence[Mapping[str, Any]]) -> dict[str,
     return envelope
 
 
-def encode_priorities(scores: Iterable[tuple[str, int]]) -> bytes:
-    """A ``HostPriorityList``."""
-    return jsonio.dumps([{"Host": host, "Score": score} for host, score in scores])
+def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
+    """A ``HostPriorityList``: ``scores[i]`` for ``hosts[i]``."""
+    if len(hosts) != len(scores):
+        raise ValueError(f"{len(hosts)} hosts and {len(scores)} scores")
+    pairs = zip(hosts, scores, strict=True)
+    return jsonio.dumps([{"Host": host, "Score": score} for host, score in pairs])
 
 
 def encode_binding_result(error: str = "") -> bytes:

@@ -194,7 +194,9 @@ def micro(
                 f"score core, {len(outcome.fits)} fitting ({tag})",
                 partial(decide.prioritize, snapshot, pod, outcome.fits, config, now),
             )
-            stage(f"encode priorities ({tag})", partial(wire.encode_priorities, scores))
+            stage(
+                f"encode priorities ({tag})", partial(wire.encode_priorities, outcome.fits, scores)
+            )
             stage(
                 f"/prioritize whole verb, all names ({tag})",
                 partial(verbs.handle_prioritize, body, snapshot, config, now),

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from cluster.model import NodeName, NodeState, PodDemand
+from cluster.model import NodeState, PodDemand
 from extender import decide
 from extender.config import (
     DEFAULT_POD_MIX,
@@ -383,8 +383,10 @@ def test_invalid_weights_are_refused() -> None:
 def prioritized(layouts: dict[str, str], want: PodDemand, config: ExtenderConfig) -> dict[str, int]:
     nodes: list[NodeState] = [node(layout, name) for name, layout in layouts.items()]
     snap = snapshot(nodes)
-    got = decide.prioritize(snap, pod("p", want), [*layouts, "missing"], config, NOW)
-    return dict(got)
+    names = [*layouts, "missing"]
+    got = decide.prioritize(snap, pod("p", want), names, config, NOW)
+    assert len(got) == len(names)
+    return dict(zip(names, got, strict=True))
 
 
 def test_prioritize_spreads_fitting_nodes_over_1_to_10() -> None:
@@ -410,5 +412,5 @@ def test_prioritize_gives_equal_nodes_the_top_score() -> None:
 def test_score_nodes_gives_none_where_the_pod_does_not_fit() -> None:
     snap = snapshot([node("#### ####", "full"), node(".... ....", "free")])
     got = decide.score_nodes(snap, pod("p", demand(1)), ["full", "free"], CONFIG, NOW)
-    assert got[0] == (NodeName("full"), None)
-    assert got[1][1] is not None
+    assert got[0] is None
+    assert got[1] is not None

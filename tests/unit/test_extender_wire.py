@@ -255,9 +255,12 @@ def test_filter_error_answer(by_name: bool, expected: dict[str, Any]) -> None:
 
 
 def test_priorities_are_a_host_priority_list() -> None:
-    raw = wire.encode_priorities([("gpu-a", 0), ("gpu-b", 10)])
+    raw = wire.encode_priorities(["gpu-a", "gpu-b"], [0, 10])
     assert raw == b'[{"Host":"gpu-a","Score":0},{"Host":"gpu-b","Score":10}]'
     assert wire.decode_priorities(raw) == [("gpu-a", 0), ("gpu-b", 10)]
+    assert wire.encode_priorities([], []) == b"[]"
+    with pytest.raises(ValueError, match="2 hosts and 1 scores"):
+        wire.encode_priorities(["gpu-a", "gpu-b"], [10])
 
 
 @pytest.mark.parametrize(
