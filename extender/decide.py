@@ -45,6 +45,7 @@ from extender.config import ExtenderConfig
 from extender.plugins import (
     FIT,
     MAX_SCORE,
+    Draining,
     PodContext,
     Unfit,
     Verdict,
@@ -54,6 +55,7 @@ from extender.plugins import (
     clamp_score,
     filter_key,
     flat_answers,
+    kept_answer,
     run_filters,
     run_filters_keyed,
     score_key,
@@ -107,12 +109,12 @@ def filter_nodes(
     nodes = snapshot.nodes
     # outside a gang, the answers by name: one look-up per candidate in the common case
     flat = flat_answers(snapshot, config, key) if plain else None
-    known_verdicts = cast("dict[NodeName, Verdict]", flat if flat is not None else {})
+    known = cast("dict[NodeName, Verdict | Draining]", flat if flat is not None else {})
     fits: list[NodeName] = []
     failed: dict[NodeName, str] = {}
     hopeless: dict[NodeName, str] = dict(unresolvable or {})
     for name in cast("Iterable[NodeName]", node_names):
-        verdict = known_verdicts.get(name)
+        verdict = known.get(name)
         if verdict is None:
             if name in hopeless:
                 continue
@@ -121,14 +123,21 @@ def filter_nodes(
                 hopeless[name] = _not_cached(name)
                 continue
             verdict = run_filters_keyed(ctx, node, key)
-            if flat is not None and node.drain_after is None:
-                flat[name] = verdict
+            if flat is not None:
+                flat[name] = kept_answer(ctx, node, key, verdict)
         elif name in hopeless:
             continue  # named twice, or given as unresolvable
         if verdict is FIT:
             fits.append(name)
         elif isinstance(verdict, Unfit):
             (failed if verdict.resolvable else hopeless)[name] = verdict.reason
+        else:  # last, so that only the rarest answer pays for telling it apart
+            assert isinstance(verdict, Draining)
+            answer = verdict.answer(ctx)
+            if isinstance(answer, Unfit):
+                (failed if answer.resolvable else hopeless)[name] = answer.reason
+            else:
+                fits.append(name)
     return FilterOutcome(tuple(fits), MappingProxyType(failed), MappingProxyType(hopeless))
 
 

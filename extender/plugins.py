@@ -487,8 +487,9 @@ def flat_answers(
     is most of a request's time with thousands of candidates.
 
     Kept under ``config`` from one snapshot to the next: the names the cache's change
-    log gives are dropped, to be answered afresh. The caller adds what it computes, for
-    nodes whose answer does not depend on the time (not draining) nor on a gang.
+    log gives are dropped, to be answered afresh. The caller adds what it computes for
+    pods outside a gang; an answer that reads the time (a draining node's) is kept as
+    what does not (``Draining``), or not at all.
     ``None`` when nothing can be kept: a snapshot from outside the cache, or one older
     than the answers kept.
     """
@@ -679,6 +680,10 @@ def filter_maintenance(ctx: PodContext, node: NodeState) -> Verdict:
     drain = node.drain_after
     if drain is None:
         return FIT
+    return _drain_verdict(ctx, drain)
+
+
+def _drain_verdict(ctx: PodContext, drain: datetime) -> Verdict:
     verdict = ctx.drains.get(drain)
     if verdict is None:
         verdict = ctx.drains[drain] = _maintenance(ctx, drain)
@@ -924,13 +929,7 @@ def run_filters_keyed(ctx: PodContext, node: NodeState, key: str) -> Verdict:
     if ctx.gang is None:
         if node.drain_after is None:
             return combined  # maintenance and both gang filters are FIT here
-        maintenance = filter_maintenance(ctx, node)
-        if maintenance is FIT:
-            return combined
-        if isinstance(combined, Fit):
-            return maintenance
-        # both refuse: maintenance never resolves, and only cordon and product precede it
-        return combined if not combined.resolvable and combined is not gpus else maintenance
+        return _draining(ctx, found, node.drain_after)
     maintenance = filter_maintenance(ctx, node)
     domain = filter_gang_domain(ctx, node)
     if combined is FIT and maintenance is FIT:
@@ -940,6 +939,43 @@ def run_filters_keyed(ctx: PodContext, node: NodeState, key: str) -> Verdict:
         if isinstance(domain, Unfit) and not domain.resolvable:
             return domain
     return _combine((cordon, product, maintenance, domain, gpus, filter_gang_room(ctx, node)))
+
+
+def _draining(ctx: PodContext, found: _Static, drain: datetime) -> Verdict:
+    """A pod outside a gang on a node that drains at ``drain``, whose own verdicts are
+    ``found``: the first unresolvable reason, else the first, without the loop."""
+    maintenance = _drain_verdict(ctx, drain)
+    combined, _, _, gpus = found
+    if maintenance is FIT:
+        return combined
+    if isinstance(combined, Fit):
+        return maintenance
+    # both refuse: maintenance never resolves, and only cordon and product precede it
+    return combined if not combined.resolvable and combined is not gpus else maintenance
+
+
+@dataclass(frozen=True, slots=True)
+class Draining:
+    """What ``flat_answers`` keeps for a draining node, for pods outside a gang: the
+    node's own verdicts, which hold as long as the node, and its drain time, which each
+    request compares its pod's time limit with (``answer``)."""
+
+    found: _Static
+    drain: datetime
+
+    def answer(self, ctx: PodContext) -> Verdict:
+        return _draining(ctx, self.found, self.drain)
+
+
+def kept_answer(ctx: PodContext, node: NodeState, key: str, verdict: Verdict) -> object:
+    """What ``flat_answers`` under ``key`` keeps for ``node``, whose verdict for a pod
+    outside a gang is ``verdict``: the verdict, or for a draining node a ``Draining``."""
+    if node.drain_after is None:
+        return verdict
+    found: _Static | None = node.memo.get(key)
+    if found is None:
+        found = _static_verdicts(ctx, node, key)
+    return Draining(found, node.drain_after)
 
 
 # ---------------------------------------------------------------- scorers

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import datetime, timedelta
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -166,6 +167,27 @@ def test_nodes_in_one_state_share_their_answers() -> None:
     other = _node(1000, 1000, 1000, 0, 1000, 0, 0, 0)
     _decide(other, PodDemand(gpus=2), config)
     assert len(config.by_state) > shared
+
+
+def test_a_draining_node_kept_by_name_is_judged_at_each_requests_time() -> None:
+    """The answer kept for a draining node holds its own verdicts, never the time: each
+    request's clock and time limit decide again, whatever an earlier request found."""
+    config = replace(CONFIG)
+    drains = NOW + timedelta(hours=2)
+    snap = cluster(
+        [node(".... ....", "draining", drain_after=drains), node(".... ....", "steady")]
+    ).snapshot()
+    names = ["draining", "steady"]
+
+    def fits(limit_s: int | None, at: datetime = NOW) -> tuple[str, ...]:
+        return filter_nodes(snap, pod("p", demand(1, time_limit_s=limit_s)), names, config, at).fits
+
+    for _ in range(2):  # the second round reads every answer from what the first kept
+        assert fits(3600) == ("draining", "steady")
+        assert fits(3 * 3600) == ("steady",)
+        assert fits(None) == ("steady",)
+        assert fits(3600, NOW + timedelta(minutes=90)) == ("steady",)
+        assert fits(3600) == ("draining", "steady")
 
 
 _RACKS = ("r1", "r1", "r2", "r2", "r3", "r3")
