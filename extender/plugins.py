@@ -415,9 +415,7 @@ def _room_entry(ctx: PodContext, node: NodeState, label: str, fkey: str, pkey: s
     if value is None:
         return None
     # NODE_FILTERS but maintenance, which reads the time: cordon and product
-    static: _Static | None = node.memo.get(fkey)
-    if static is None:
-        static = _static_verdicts(ctx, node, fkey)
+    static = _static_verdicts(ctx, node, fkey)
     if static[1] is not FIT or static[2] is not FIT:
         return None
     fits, empty = _fits(ctx, node, pkey)
@@ -904,6 +902,11 @@ def filter_key(ctx: PodContext) -> str:
 
 
 def _static_verdicts(ctx: PodContext, node: NodeState, key: str) -> _Static:
+    """The node's own verdicts under ``key = filter_key(ctx)``: from its memo, else from
+    a node in the same state (``by_state``), else computed; kept in its memo."""
+    found: _Static | None = node.memo.get(key)
+    if found is not None:
+        return found
     shared = (key, gpu_state(node))
     found = cast("_Static | None", ctx.config.by_state.get(shared))
     if found is None:
@@ -922,9 +925,7 @@ def run_filters_keyed(ctx: PodContext, node: NodeState, key: str) -> Verdict:
     memo (a node object never changes, so they cannot go stale); the maintenance and gang
     filters, which read the time and the gang, run every time, in ``FILTERS``' order.
     """
-    found: _Static | None = node.memo.get(key)
-    if found is None:
-        found = _static_verdicts(ctx, node, key)
+    found = _static_verdicts(ctx, node, key)
     combined, cordon, product, gpus = found
     if ctx.gang is None:
         if node.drain_after is None:
@@ -967,15 +968,12 @@ class Draining:
         return _draining(ctx, self.found, self.drain)
 
 
-def kept_answer(ctx: PodContext, node: NodeState, key: str, verdict: Verdict) -> object:
+def kept_answer(ctx: PodContext, node: NodeState, key: str, verdict: Verdict) -> Verdict | Draining:
     """What ``flat_answers`` under ``key`` keeps for ``node``, whose verdict for a pod
     outside a gang is ``verdict``: the verdict, or for a draining node a ``Draining``."""
     if node.drain_after is None:
         return verdict
-    found: _Static | None = node.memo.get(key)
-    if found is None:
-        found = _static_verdicts(ctx, node, key)
-    return Draining(found, node.drain_after)
+    return Draining(_static_verdicts(ctx, node, key), node.drain_after)
 
 
 # ---------------------------------------------------------------- scorers
