@@ -1,9 +1,10 @@
 """One function per extender verb: request bytes and a snapshot in, an answer out.
 
 Layer: PURE glue between ``wire`` (bytes ⇄ records) and ``decide`` (the decisions). No
-I/O, no clock (``now`` is passed in), no cache (a ``Snapshot`` is all it reads), no
-aiohttp. The HTTP shell takes a snapshot, calls one of these with no ``await`` in
-between, and writes the ``Reply``.
+I/O, no clock (``now`` is passed in), no cache (a ``Snapshot`` is all it reads; the
+``wire.RecentPods`` it may be handed only saves decoding a pod again), no aiohttp. The
+HTTP shell takes a snapshot, calls one of these with no ``await`` in between, and
+writes the ``Reply``.
 
 Status codes: a body that is not the verb's request is HTTP 400 with the reason (as
 ``{"Error": …}`` for a person with curl; kube-scheduler reads only the status). Anything

@@ -2,7 +2,8 @@
 
 Layer: EDGE. Pydantic models of the wire shapes, used only here: a body is decoded once
 (orjson, through ``cluster.jsonio``), validated, and turned at once into the frozen
-records below, with the Pod converted by ``cluster.convert``. Answers are encoded from
+records below, with the Pod converted by ``cluster.convert`` (or read back from
+``RecentPods`` when kube-scheduler sends the same pod again). Answers are encoded from
 plain values straight to bytes. No I/O, no clock, no aiohttp.
 
 The Go types have no JSON tags, so their JSON keys are the Go field names (``Pod``,
