@@ -56,17 +56,21 @@ class _GoStruct(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
     _folded: ClassVar[dict[str, str]] = {}
+    _exact: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         cls._folded = {name.lower(): name for name in cls.model_fields}
+        cls._exact = frozenset(cls.model_fields)
 
     @model_validator(mode="before")
     @classmethod
     def _go_field_names(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        if data.keys() <= cls._exact:
+            return data  # what kube-scheduler sends: every key spelled as the Go field
         fields: dict[str, Any] = {}
         for key, value in data.items():
             name = cls._folded.get(key.lower()) if isinstance(key, str) else None
