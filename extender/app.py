@@ -296,10 +296,11 @@ async def _carry_out(app: web.Application, placement: Placement) -> str:
         await binder.bind(placement)
         error = ""
         binds.recent.forget(placement.pod.uid)
-        log.info(
-            "bound",
-            extra=logs.fields(pod=key, node=placement.node, gpus=placement.annotation),
-        )
+        if log.isEnabledFor(logging.INFO):  # the fields are built before the level is read
+            log.info(
+                "bound",
+                extra=logs.fields(pod=key, node=placement.node, gpus=placement.annotation),
+            )
     except BindError as exc:
         error = str(exc)
         if not exc.uncertain:
