@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import signal
 import sys
@@ -23,7 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.metrics import MetricWrapperBase
 
-from cluster import logs
+from cluster import heap, logs
 from cluster.tls import CertReloader
 
 log = logging.getLogger(__name__)
@@ -108,12 +107,24 @@ async def serve(
 ) -> None:
     """Serve ``app`` (over TLS when ``reloader`` is given, its certificates reloaded as
     they change) until SIGTERM, then finish the requests under way and return."""
-    # What is loaded by now (a policy or cluster file, imported modules) lives as long as
-    # the process: keep the collector's full passes from walking it on every request.
-    gc.collect()
-    gc.freeze()
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+    # What is loaded by now (a cluster file, imported modules) lives as long as the
+    # process, and the caches' objects survive many collections: see cluster.heap.
+    with heap.short_pauses():
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            await _serve_until_stopped(runner, host, port, reloader, describe)
+        finally:
+            await runner.cleanup()
+
+
+async def _serve_until_stopped(
+    runner: web.AppRunner,
+    host: str,
+    port: int,
+    reloader: CertReloader | None,
+    describe: Mapping[str, object],
+) -> None:
     context = reloader.context if reloader is not None else None
     site = web.TCPSite(runner, host, port, ssl_context=context)
     await site.start()
@@ -124,14 +135,11 @@ async def serve(
     stop = asyncio.Event()
     # Kubernetes stops a pod with SIGTERM: answer what is under way, then exit.
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            if reloader is not None:
-                await stack.enter_async_context(background(reloader.run(), "reload certificates"))
-            await stop.wait()
-            log.info("stopping")
-    finally:
-        await runner.cleanup()
+    async with contextlib.AsyncExitStack() as stack:
+        if reloader is not None:
+            await stack.enter_async_context(background(reloader.run(), "reload certificates"))
+        await stop.wait()
+        log.info("stopping")
 
 
 def run(
