@@ -14,13 +14,17 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from bisect import bisect_left
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from itertools import accumulate
 from typing import Any
 
 import uvloop
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
 
 from cluster import heap, logs
 from cluster.tls import CertReloader
@@ -52,6 +56,49 @@ def _report_end(task: asyncio.Task[None]) -> None:
             exc_info=task.exception(),
             extra=logs.fields(task=task.get_name()),
         )
+
+
+class GcPauses(Collector):
+    """The garbage collector's pauses, as a histogram by generation in a server's
+    registry: a full collection holds every request, so an operator should see it.
+
+    Counted in plain lists and turned into a histogram when scraped: the counting runs
+    inside the collector's callback, where taking a metric's lock could wait on the
+    very code the collection interrupted.
+    """
+
+    BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+    GENERATIONS = 3
+
+    def __init__(self, registry: CollectorRegistry, prefix: str) -> None:
+        self.name = f"{prefix}_gc_pause_seconds"
+        # per generation: one count per bucket (not cumulative), +Inf last
+        self._counts = [[0] * (len(self.BUCKETS) + 1) for _ in range(self.GENERATIONS)]
+        self._sums = [0.0] * self.GENERATIONS
+        registry.register(self)
+
+    def __call__(self, generation: int, seconds: float) -> None:
+        self._counts[generation][bisect_left(self.BUCKETS, seconds)] += 1
+        self._sums[generation] += seconds
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            self.name,
+            "Time each garbage collection held the process, by generation (2: full).",
+            labels=("generation",),
+        )
+        bounds = [*map(str, self.BUCKETS), "+Inf"]
+        for generation, counts in enumerate(self._counts):
+            family.add_metric(
+                (str(generation),),
+                list(zip(bounds, accumulate(counts), strict=True)),
+                self._sums[generation],
+            )
+        yield family
+
+
+GC_PAUSES = web.AppKey("gc_pauses", GcPauses)
+"""Where ``serve`` reports the collector's pauses, when the app has it."""
 
 
 class MetricChildren:
@@ -109,7 +156,7 @@ async def serve(
     they change) until SIGTERM, then finish the requests under way and return."""
     # What is loaded by now (a cluster file, imported modules) lives as long as the
     # process, and the caches' objects survive many collections: see cluster.heap.
-    with heap.short_pauses():
+    with heap.short_pauses(record=app.get(GC_PAUSES)):
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         try:

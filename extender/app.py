@@ -473,6 +473,7 @@ def create_app(
     app[ENVIRON] = dict(environ or {})
     app[METRICS] = ExtenderMetrics(cache.counters)
     app[METRICS].pod_mix(len(config.pod_mix), 0, changed=False)
+    app[serving.GC_PAUSES] = app[METRICS].gc_pauses
     source = Source()
     app[SOURCE] = source
     if settings.cluster_file is not None:

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from cluster.cache import CacheCounters
 from cluster.model import MILLI_PER_GPU, NodeName
-from cluster.serving import MetricChildren
+from cluster.serving import GcPauses, MetricChildren
 from extender.decide import FilterOutcome
 
 # kube-scheduler waits on /filter and /prioritize inside its scheduling loop: resolve the
@@ -207,6 +207,7 @@ class ExtenderMetrics:
             registry=self.registry,
         )
         self.registry.register(_CacheCollector(counters))
+        self.gc_pauses = GcPauses(self.registry, "tessera_extender")
         self._requests = MetricChildren(self.requests)
         self._latency = MetricChildren(self.latency)
         self._decision = MetricChildren(self.decision)

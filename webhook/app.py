@@ -107,6 +107,7 @@ def create_app(
             app.cleanup_ctx.append(_watch_kueue)
     app[STORE] = store
     app[METRICS] = WebhookMetrics(store.age_s)
+    app[serving.GC_PAUSES] = app[METRICS].gc_pauses
     app.router.add_post(
         "/mutate", mutate_handler(settings, store, app[CONFIG], clock, app[METRICS])
     )

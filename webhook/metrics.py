@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from cluster.serving import MetricChildren
+from cluster.serving import GcPauses, MetricChildren
 from webhook.review_flow import ReviewOutcome
 
 # Admission is on every create's critical path: resolve well below a millisecond.
@@ -19,6 +19,7 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
 class WebhookMetrics:
     def __init__(self, policy_age_s: Callable[[], float]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.gc_pauses = GcPauses(self.registry, "tessera_webhook")
         self.reviews = Counter(
             "tessera_webhook_reviews",
             "AdmissionReviews answered, by object kind, decision, reason and queue.",

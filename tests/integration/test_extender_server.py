@@ -17,6 +17,7 @@ import copy
 import gc
 import logging
 import os
+import re
 import ssl
 import subprocess
 import sys
@@ -925,7 +926,12 @@ async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
                 200,
                 captured("017-ext-cache-bind-response.json"),
             )
+            _, metrics = await ext.get("/metrics")
         assert await server.stop() == 0
+    # the full collection made before serving, whose survivors are kept out of later ones
+    full = re.search(r'tessera_extender_gc_pause_seconds_count{generation="2"} (\S+)', metrics)
+    assert full is not None
+    assert float(full.group(1)) >= 1
     logged = server.logged
     assert "serving" in logged
     assert "bound pod=team-nlp/finetune-cslh4-lmxmr node=gpu-b gpus=0,1,2,3" in logged

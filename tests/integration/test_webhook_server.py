@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import re
 import ssl
 import subprocess
 import sys
@@ -277,8 +278,13 @@ async def test_main_serves_the_policy_file_over_tls(material: Material) -> None:
             status, answer = await webhook.post(jsonio.dumps(captured_job_review()))
             assert status == 200
             assert answer["response"]["allowed"] is True
+            _, metrics = await webhook.get("/metrics")
         # Kubernetes stops a pod with SIGTERM: a clean exit, not a traceback
         assert await server.stop() == 0
+    # the collector's pauses are on the page, the full collection before serving first
+    full = re.search(r'tessera_webhook_gc_pause_seconds_count{generation="2"} (\S+)', metrics)
+    assert full is not None
+    assert float(full.group(1)) >= 1
     logged = server.logged
     assert "serving" in logged
     assert "stopping" in logged
