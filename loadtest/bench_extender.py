@@ -52,7 +52,7 @@ from extender.settings import ExtenderSettings
 from loadtest.bench_cache import BLOCK_LABEL, GPUS_PER_NODE, RACK_LABEL, write_fleet
 from loadtest.openloop import Http1Connection, RequestFailed, RunResult, Schedule, run_open_loop
 from loadtest.pinned import Pinned, free_port, proc_cpu_s, proc_memory
-from loadtest.stats import Histogram, Summary
+from loadtest.stats import Histogram, Scraped, Summary, scrape_histogram
 
 ZONE_LABEL: Final = "topology.tessera.dev/zone"
 BLOCKS_PER_ZONE: Final = 4
@@ -295,6 +295,36 @@ class Server(Pinned):
         raise RuntimeError(f"{self.name} not ready after {deadline_s} s")
 
 
+GC_PAUSES: Final = "tessera_extender_gc_pause_seconds"
+
+
+async def gc_pauses(port: int) -> dict[str, Scraped]:
+    """The server's garbage collection pauses so far, by generation (none for a server
+    that does not report them: the baseline)."""
+    conn = Http1Connection("127.0.0.1", port)
+    try:
+        answer = await conn.request("GET", "/metrics")
+    finally:
+        conn.close()
+    if answer.status != 200:
+        return {}
+    return scrape_histogram(answer.body.decode(), GC_PAUSES, "generation")
+
+
+def gc_line(before: dict[str, Scraped], after: dict[str, Scraped]) -> str | None:
+    """The collections made between two scrapes: how many per generation, their total
+    and the bucket bound that holds the longest."""
+    parts = []
+    for generation, now in sorted(after.items()):
+        made = now.since(before[generation]) if generation in before else now
+        if made.count:
+            parts.append(
+                f"gen {generation}: {made.count} x, {made.total * 1e3:.0f} ms in all, "
+                f"each <= {made.at_most * 1e3:g} ms"
+            )
+    return "; ".join(parts) or None
+
+
 async def _post(conn: Http1Connection, path: str, body: bytes) -> Any:
     answer = await conn.request("POST", path, body)
     if answer.status != 200:
@@ -485,6 +515,7 @@ async def serve_and_drive(
             f"{fmt(warm.result.latency.summary())}"
         )
         offset += int(100 * args.warm_cycle)
+    gc_before = await gc_pauses(server.port)
     cpu_before = proc_cpu_s(server.pid)
     client_before = proc_cpu_s(os.getpid())
     cycle = await cycle_run(
@@ -514,6 +545,9 @@ async def serve_and_drive(
     for verb, hist in cycle.per_verb.items():
         out[f"cycle {verb}"] = hist.summary()
         say(f"[{name}]   {verb:<10} (service)      {fmt(out[f'cycle {verb}'])}")
+    collected = gc_line(gc_before, await gc_pauses(server.port))
+    if collected is not None:
+        say(f"[{name}]   garbage collection in the cycle: {collected}")
     say(f"[{name}] RSS at end {server.rss_mib():.0f} MB")
     out["rss"] = Summary(1, 0, 0, server.rss_mib(), 0, 0, 0, 0)
     for key, seconds in cpu.items():

@@ -22,6 +22,7 @@ histograms from several connections or processes merge exactly.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -218,3 +219,63 @@ class Histogram:
         for value in seconds:
             histogram.record(value)
         return histogram
+
+
+# ---------------------------------------------------------------- a server's histograms
+
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class Scraped:
+    """One child of a Prometheus histogram as a ``/metrics`` page shows it: how many
+    observations, their sum, and the cumulative count at each bucket bound (ascending,
+    ``inf`` last)."""
+
+    count: int
+    total: float
+    buckets: tuple[tuple[float, int], ...]
+
+    def since(self, before: Scraped) -> Scraped:
+        """What was observed after ``before`` was scraped (same buckets)."""
+        earlier = dict(before.buckets)
+        return Scraped(
+            self.count - before.count,
+            self.total - before.total,
+            tuple((bound, n - earlier.get(bound, 0)) for bound, n in self.buckets),
+        )
+
+    @property
+    def at_most(self) -> float:
+        """The smallest bucket bound that holds every observation (a histogram keeps no
+        maximum); 0 without observations."""
+        if self.count == 0:
+            return 0.0
+        return next((bound for bound, n in self.buckets if n >= self.count), math.inf)
+
+
+def scrape_histogram(text: str, name: str, label: str) -> dict[str, Scraped]:
+    """The children of histogram ``name`` on a Prometheus text page, by the value of
+    ``label``; a page without it gives ``{}``."""
+    counts: dict[str, int] = {}
+    totals: dict[str, float] = {}
+    buckets: dict[str, list[tuple[float, int]]] = {}
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        series, _, value = line.rpartition(" ")
+        metric, _, labels = series.partition("{")
+        found = dict(_LABEL.findall(labels))
+        key = found.get(label)
+        if key is None:
+            continue
+        if metric == f"{name}_count":
+            counts[key] = int(float(value))
+        elif metric == f"{name}_sum":
+            totals[key] = float(value)
+        elif metric == f"{name}_bucket" and "le" in found:
+            buckets.setdefault(key, []).append((float(found["le"]), int(float(value))))
+    return {
+        key: Scraped(count, totals.get(key, 0.0), tuple(sorted(buckets.get(key, ()))))
+        for key, count in counts.items()
+    }

@@ -13,6 +13,8 @@ import pytest
 from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import Histogram as PromHistogram
 
 from cluster import jsonio
 from cluster.clock import ManualClock, SystemClock
@@ -35,7 +37,7 @@ from loadtest.openloop import (
     latency_from_intended,
     run_open_loop,
 )
-from loadtest.stats import Histogram, nearest_rank, percentile
+from loadtest.stats import Histogram, nearest_rank, percentile, scrape_histogram
 
 T = TypeVar("T")
 MS = 0.001
@@ -120,6 +122,48 @@ def test_merged_histograms_equal_one_histogram_of_everything(a: list[int], b: li
     left.merge(right)
     assert left.to_json() == both.to_json()
     assert Histogram.from_json(both.to_json()).summary() == both.summary()
+
+
+PAUSES = "tessera_extender_gc_pause_seconds"
+
+
+def pause_page(observed: dict[str, list[float]]) -> tuple[CollectorRegistry, PromHistogram]:
+    registry = CollectorRegistry()
+    histogram = PromHistogram(
+        PAUSES, "pauses", ("generation",), buckets=(0.001, 0.01, 0.1), registry=registry
+    )
+    for generation, seconds in observed.items():
+        for s in seconds:
+            histogram.labels(generation).observe(s)
+    return registry, histogram
+
+
+def test_a_servers_histogram_is_read_back_from_its_metrics_page() -> None:
+    registry, _ = pause_page({"0": [0.0005, 0.002], "2": [0.05]})
+    scraped = scrape_histogram(generate_latest(registry).decode(), PAUSES, "generation")
+    assert set(scraped) == {"0", "2"}
+    young, full = scraped["0"], scraped["2"]
+    assert young.count == 2
+    assert young.total == pytest.approx(0.0025)
+    assert young.at_most == 0.01  # the bound that holds the 2 ms one
+    assert (full.count, full.at_most) == (1, 0.1)
+
+
+def test_what_was_observed_between_two_scrapes() -> None:
+    registry, histogram = pause_page({"2": [0.5]})
+    before = scrape_histogram(generate_latest(registry).decode(), PAUSES, "generation")
+    histogram.labels("2").observe(0.005)
+    histogram.labels("2").observe(0.004)
+    after = scrape_histogram(generate_latest(registry).decode(), PAUSES, "generation")
+    made = after["2"].since(before["2"])
+    # the half-second pause was before: only the two small ones count
+    assert (made.count, made.at_most) == (2, 0.01)
+    assert made.total == pytest.approx(0.009)
+    assert before["2"].at_most == float("inf")  # above every bound
+
+
+def test_a_page_without_the_histogram_reads_as_nothing() -> None:
+    assert scrape_histogram("# HELP other x\nother_total 1.0\n", PAUSES, "generation") == {}
 
 
 def test_every_microsecond_falls_in_exactly_one_bucket() -> None:
