@@ -765,7 +765,8 @@ def _share_verdict(node: NodeState, milli: int) -> Verdict:
 
 
 def filter_gang_domain(ctx: PodContext, node: NodeState) -> Verdict:
-    """``required:<level>``: once a member is placed or assumed, only its domain."""
+    """``required:<level>``: once a member is placed or assumed, only its domain. Every
+    reason it gives is unresolvable: evicting pods moves no gang member."""
     gang = ctx.gang
     if gang is None:
         return FIT
@@ -853,11 +854,15 @@ NODE_FILTERS: Final[tuple[Filter, ...]] = (filter_schedulable, filter_product, f
 """Filters about the node as a whole, whatever its GPUs hold."""
 
 FILTERS: Final[tuple[Filter, ...]] = (
-    *NODE_FILTERS,
     filter_gang_domain,
+    *NODE_FILTERS,
     filter_gpus,
     filter_gang_room,
 )
+"""In the order their reasons win (the first unresolvable, else the first). A gang's
+domain comes first: outside it nothing else about a node matters to the member, every
+reason it gives is unresolvable, and so most nodes are answered by it alone once a
+member is placed."""
 
 
 def _first_unfit(ctx: PodContext, node: NodeState, filters: tuple[Filter, ...]) -> Unfit | None:
@@ -925,21 +930,20 @@ def run_filters_keyed(ctx: PodContext, node: NodeState, key: str) -> Verdict:
     memo (a node object never changes, so they cannot go stale); the maintenance and gang
     filters, which read the time and the gang, run every time, in ``FILTERS``' order.
     """
+    if ctx.gang is None:
+        found = _static_verdicts(ctx, node, key)
+        if node.drain_after is None:
+            return found[0]  # maintenance and both gang filters are FIT here
+        return _draining(ctx, found, node.drain_after)
+    domain = filter_gang_domain(ctx, node)
+    if domain is not FIT:
+        return domain  # first in FILTERS, and never resolvable
     found = _static_verdicts(ctx, node, key)
     combined, cordon, product, gpus = found
-    if ctx.gang is None:
-        if node.drain_after is None:
-            return combined  # maintenance and both gang filters are FIT here
-        return _draining(ctx, found, node.drain_after)
     maintenance = filter_maintenance(ctx, node)
-    domain = filter_gang_domain(ctx, node)
     if combined is FIT and maintenance is FIT:
-        # only the gang's filters can refuse: _combine's answer without its loop
-        if domain is FIT:
-            return filter_gang_room(ctx, node)
-        if isinstance(domain, Unfit) and not domain.resolvable:
-            return domain
-    return _combine((cordon, product, maintenance, domain, gpus, filter_gang_room(ctx, node)))
+        return filter_gang_room(ctx, node)  # the only filter left that can refuse
+    return _combine((cordon, product, maintenance, gpus, filter_gang_room(ctx, node)))
 
 
 def _draining(ctx: PodContext, found: _Static, drain: datetime) -> Verdict:

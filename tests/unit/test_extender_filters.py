@@ -27,6 +27,7 @@ from extender.plugins import (
     filter_schedulable,
     run_filters,
 )
+from tests.builders import H100, RACK_LABEL
 from tests.unit.test_extender_builders import (
     CONFIG,
     NOW,
@@ -300,6 +301,29 @@ PLACED = [pod("m0", gang_member(), node="a1", indices=(0, 1, 2, 3))]
 def test_filter_gang_domain(want: PodDemand, target: NodeState, expected: Verdict) -> None:
     snap = snapshot(RACKS, PLACED)
     assert filter_gang_domain(context(want, snap=snap, name="m1"), target) == expected
+
+
+def test_outside_its_gangs_domain_a_node_is_refused_for_that_whatever_else_it_has() -> None:
+    # a cordoned node, one of another product and one that drains too soon, in another
+    # rack: the member is told about the rack, which is what keeps it from each of them
+    soon = NOW + timedelta(minutes=5)
+    others = [
+        node(".... ....", "cordoned", rack="r2", unschedulable=True),
+        node(".... ....", "draining", rack="r2", drain_after=soon),
+        node(".... ....", "other-product", rack="r2", product="NVIDIA-L4"),
+    ]
+    member = replace(gang_member(products=(H100,)), time_limit_s=3600)
+    snap = snapshot([*RACKS, *others], PLACED)
+    outcome = filter_nodes(snap, pod("m1", member), [n.name for n in others], CONFIG, NOW)
+    assert outcome.unresolvable == {
+        n.name: "gang ns.job has 1 member in rack r1; the node is in another rack" for n in others
+    }
+    # the same nodes in the gang's rack give their own reasons
+    inside = [replace(n, domains={**n.domains, RACK_LABEL: "r1"}) for n in others]
+    snap = snapshot([*RACKS, *inside], PLACED)
+    outcome = filter_nodes(snap, pod("m1", member), [n.name for n in inside], CONFIG, NOW)
+    assert "another rack" not in " ".join(outcome.unresolvable.values())
+    assert set(outcome.unresolvable) == {n.name for n in inside}
 
 
 def test_gang_reasons_name_no_other_domain_so_kube_scheduler_counts_them_as_one() -> None:
