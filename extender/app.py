@@ -18,6 +18,12 @@ Packing judges a node by the pods the cluster runs (``ExtenderConfig.pod_mix``).
 ``pod_mix=learned`` a background task counts the cache's pods into that mix: before the
 first request when a cluster file is loaded, right after the informers have listed, then
 every interval; a batch of pods at a time, so that requests are answered in between.
+
+A gang's first member reads the room per topology domain for its shape, which counting
+every node takes tens of milliseconds the first time. For each gang shape the cluster's
+pods show, the count is made ahead: with the cluster file before the first request,
+else once the informers have listed, and again under each newly learned pod mix (whose
+config starts with nothing kept).
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from cluster.clock import Clock, SystemClock
 from cluster.feed import CacheFeed, run_all
 from cluster.informer import Informer
 from cluster.kube import KubeClient, KubeConfig
-from cluster.model import NodeName, PodInfo, PodKey
+from cluster.model import NodeName, PodDemand, PodInfo, PodKey
 from cluster.snapshot import Snapshot, batches
 from extender import verbs, wire
 from extender.binder import ApiBinder, Binder, BindError, MemoryBinder, Placement
@@ -53,6 +59,7 @@ from extender.config import (
 )
 from extender.decide import BindPlan
 from extender.metrics import ExtenderMetrics
+from extender.plugins import count_gang_rooms
 from extender.settings import ExtenderSettings
 
 log = logging.getLogger(__name__)
@@ -382,7 +389,57 @@ async def relearn_pod_mix(app: web.Application, snapshot: Snapshot) -> bool:
         "pod mix learned",
         extra=logs.fields(sizes=len(mix), pods=pods, moved=round(moved, 4)),
     )
+    # what the last config kept is gone with it
+    await prepare_gang_rooms(app, snapshot)
     return True
+
+
+_TOPOLOGY_SHAPE = attrgetter("gpus", "gpu_milli", "products", "topology")
+
+
+async def gang_demands(snapshot: Snapshot, batch: int = MIX_BATCH_PODS) -> list[PodDemand]:
+    """One demand per gang shape among the snapshot's pods (whole GPUs or share,
+    products, topology): what a gang's first member counts rooms by. Read ``batch`` pods
+    at a time, with a turn of the event loop in between."""
+    found: dict[object, PodDemand] = {}
+    for pods in batches(snapshot.pods, batch):
+        for demand in map(_DEMAND, pods):
+            if demand.gang is not None and demand.topology is not None:
+                found.setdefault(_TOPOLOGY_SHAPE(demand), demand)
+        await asyncio.sleep(0)
+    return list(found.values())
+
+
+async def prepare_gang_rooms(app: web.Application, snapshot: Snapshot) -> int:
+    """Count, under the config in use, the room per domain of every gang shape the
+    cluster's pods show (``plugins.count_gang_rooms``), one shape per turn of the event
+    loop: the first member of such a gang then counts only the nodes changed since,
+    instead of every node while every request waits. How many shapes were counted."""
+    counted = 0
+    for demand in await gang_demands(snapshot):
+        counted += count_gang_rooms(snapshot, demand, app[CONFIG].current, app[CLOCK].now())
+        await asyncio.sleep(0)
+    if counted:
+        log.info("gang rooms counted", extra=logs.fields(shapes=counted))
+    return counted
+
+
+async def _prepare_gang_rooms(app: web.Application) -> AsyncIterator[None]:
+    """With the built-in pod mix (a learned one prepares when it is put in use): the
+    gang rooms before serving when a cluster file is loaded, else as soon as the
+    informers have listed."""
+    source, cache = app[SOURCE], app[CACHE]
+    if source.synced:
+        await prepare_gang_rooms(app, cache.snapshot())
+        yield
+        return
+
+    async def once() -> None:
+        await source.wait_synced()
+        await prepare_gang_rooms(app, cache.snapshot())
+
+    async with serving.background(once(), "count gang rooms"):
+        yield
 
 
 async def _learn_pod_mix(app: web.Application) -> AsyncIterator[None]:
@@ -486,6 +543,8 @@ def create_app(
     app.cleanup_ctx.append(_expire_assumptions)
     if settings.pod_mix == "learned":
         app.cleanup_ctx.append(_learn_pod_mix)
+    else:
+        app.cleanup_ctx.append(_prepare_gang_rooms)
     app.router.add_post("/filter", filter_nodes)
     app.router.add_post("/prioritize", prioritize)
     app.router.add_post("/bind", bind)

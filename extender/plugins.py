@@ -264,12 +264,7 @@ def _rooms(snapshot: Snapshot, ctx: PodContext, label: str) -> DomainRooms:
     again. Draining nodes are kept aside: whether they may take the pod depends on the
     time.
     """
-    fkey, pkey = filter_key(ctx), ctx.fits_key
-    rkey = sys.intern(f"r|{fkey}|{pkey}|{label}")
-    tally: _RoomTally | None = snapshot.memo.get(rkey)
-    if tally is None:
-        tally = _room_tally(snapshot, ctx, _RoomKeys(label, rkey, fkey, pkey))
-        snapshot.memo[rkey] = tally
+    tally = _kept_tally(snapshot, ctx, label)
     free, total = tally.free, tally.total
     draining: dict[NodeName, int] = {}
     for node, (value, fits, empty) in tally.draining.values():
@@ -286,6 +281,39 @@ def _rooms(snapshot: Snapshot, ctx: PodContext, label: str) -> DomainRooms:
         MappingProxyType(tally.fits_on),
         MappingProxyType(draining) if draining else _NONE,
     )
+
+
+def _kept_tally(snapshot: Snapshot, ctx: PodContext, label: str) -> _RoomTally:
+    fkey, pkey = filter_key(ctx), ctx.fits_key
+    rkey = sys.intern(f"r|{fkey}|{pkey}|{label}")
+    tally: _RoomTally | None = snapshot.memo.get(rkey)
+    if tally is None:
+        tally = _room_tally(snapshot, ctx, _RoomKeys(label, rkey, fkey, pkey))
+        snapshot.memo[rkey] = tally
+    return tally
+
+
+def count_gang_rooms(
+    snapshot: Snapshot, demand: PodDemand, config: ExtenderConfig, now: datetime
+) -> bool:
+    """Count the room per domain that a gang's first member of ``demand``'s shape reads,
+    and keep it as that member's request would (``_rooms``): the first such request
+    then finds it counted, and counts again only the nodes changed since. Counting
+    every node for a shape no request has read yet takes tens of milliseconds at 5,000
+    nodes, which a server does better before its first request than during one.
+
+    False, counting nothing, when ``demand`` is no gang member with a topology level
+    the config knows.
+    """
+    topology = demand.topology
+    if demand.gang is None or topology is None:
+        return False
+    level = config.level(topology.level)
+    if level is None:
+        return False
+    ctx = PodContext(pod=PodKey(""), demand=demand, now=now, config=config)
+    _kept_tally(snapshot, ctx, level.node_label)
+    return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -724,6 +724,45 @@ async def test_a_server_packs_for_the_pod_mix_its_cluster_runs(tmp_path: Path, m
         assert scores["gpu-b"] == scores["gpu-a"]
 
 
+def gang_cluster() -> list[dict[str, Any]]:
+    """Racks r1 (a1, a2) and r2 (b1, b2) of 8-GPU nodes, and in r1 a gang of two 4-GPU
+    members: r1 has room for two more such members, r2 for four."""
+    running = [
+        pod_json(
+            f"old-{i}",
+            gpus=4,
+            gang="team-nlp.old",
+            gang_size=2,
+            topology="required:rack",
+            node=node,
+            gpu_indices="0,1,2,3",
+            phase="Running",
+        )
+        for i, node in enumerate(["a1", "a2"])
+    ]
+    racks = {"a1": "r1", "a2": "r1", "b1": "r2", "b2": "r2"}
+    return [*(node_json(name, rack=rack) for name, rack in racks.items()), *running]
+
+
+@pytest.mark.parametrize("mix", ["learned", "default"])
+async def test_a_server_counts_its_gangs_rooms_before_their_first_request(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, mix: str
+) -> None:
+    caplog.set_level(logging.INFO, logger="extender.app")
+    settings, clock, cache = file_extender(tmp_path, gang_cluster(), pod_mix=mix)
+    # a new gang of the running one's shape, of three members: only r2 holds them
+    first = pod_json("new-0", gpus=4, gang="team-nlp.new", gang_size=3, topology="required:rack")
+    async with serving(settings, cache=cache, clock=clock) as ext:
+        counted = [r for r in caplog.records if r.message == "gang rooms counted"]
+        status, result = await ext.post("/filter", filter_args(first, ["a1", "a2", "b1", "b2"]))
+    # as an operator reads it with --log-json
+    assert [jsonio.loads(logs.JsonFormatter().format(r))["shapes"] for r in counted] == [1]
+    assert status == 200
+    assert result["NodeNames"] == ["b1", "b2"]
+    assert set(result["FailedNodes"]) == {"a1", "a2"}
+    assert "rack has room for 2 members" in result["FailedNodes"]["a1"]
+
+
 async def test_the_mix_is_learned_again_as_the_workload_changes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -761,6 +800,23 @@ async def test_a_watching_server_learns_its_mix_once_the_informers_have_listed(
         # long before the first interval ends
         text = await scraped(ext, "tessera_extender_pod_mix_pods", 3)
     assert gauge(text, "tessera_extender_pod_mix_sizes") == 1
+
+
+async def test_a_watching_server_counts_its_gangs_rooms_once_the_informers_have_listed(
+    api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="extender.app")
+    for item in gang_cluster():
+        api.put(NODES_PATH if item["kind"] == "Node" else PODS_PATH, item)
+    settings = ExtenderSettings(
+        kubeconfig=write_kubeconfig(tmp_path, api), topology_levels=LEVELS, pod_mix="default"
+    )
+    async with serving(settings) as ext:
+        await ext.ready()
+        await eventually(
+            lambda: any(r.message == "gang rooms counted" for r in caplog.records),
+            "the rooms were counted",
+        )
 
 
 # ---------------------------------------------------------------- mutual TLS

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,14 @@ from cluster.model import Allocation, GpuDevice, NodeName, NodeState, PodDemand,
 from cluster.snapshot import Snapshot, apply_allocation, pick_gpus
 from extender.config import ExtenderConfig
 from extender.decide import filter_nodes, score_nodes
-from extender.plugins import FIT, Unfit, build_context, run_filters, score_node
+from extender.plugins import (
+    FIT,
+    Unfit,
+    build_context,
+    count_gang_rooms,
+    run_filters,
+    score_node,
+)
 from tests.unit.test_extender_builders import (
     CONFIG,
     NOW,
@@ -259,6 +267,39 @@ def test_room_counts_carried_across_snapshots_match_a_fresh_count(
     config = replace(CONFIG)
     for live, fresh in _changing_cluster(layouts, steps):
         assert _rooms_of(live, config) == _rooms_of(fresh, replace(CONFIG))
+
+
+@settings(max_examples=30, deadline=None)
+@given(layouts=_LAYOUTS, steps=_STEPS)
+def test_room_counted_before_any_request_is_the_one_a_request_counts(
+    layouts: list[str], steps: list[tuple[str, int]]
+) -> None:
+    config = replace(CONFIG)
+    changes = _changing_cluster(layouts, steps)
+    first, _ = next(changes)
+    # another gang of the first member's shape: what the server finds among its pods
+    shape = demand(4, gang="other.job", size=3, topology="required:rack")
+    assert count_gang_rooms(first, shape, config, NOW)
+    assert len(first.memo) == 1  # kept for this snapshot, as a request would keep it
+    assert _rooms_of(first, config) == _rooms_of(first, replace(CONFIG))
+    for live, fresh in changes:
+        assert _rooms_of(live, config) == _rooms_of(fresh, replace(CONFIG))
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        pytest.param(demand(4), id="no-gang"),
+        pytest.param(demand(4, gang="ns.job", size=2), id="gang-without-topology"),
+        pytest.param(
+            demand(4, gang="ns.job", size=2, topology="required:zone"), id="level-not-configured"
+        ),
+    ],
+)
+def test_a_shape_without_a_known_level_has_no_room_to_count(shape: PodDemand) -> None:
+    snap = cluster([node(".... ....", "n0", rack="r0")]).snapshot()
+    assert not count_gang_rooms(snap, shape, replace(CONFIG), NOW)
+    assert not snap.memo
 
 
 @settings(max_examples=60, deadline=None)
