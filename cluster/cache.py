@@ -234,6 +234,9 @@ class ClusterCache:
         # where the cache picks the GPUs; gang members that hold an allocation
         self._allocs: _CowMap[PodKey, Allocation] = _CowMap()
         self._on_node: dict[NodeName, dict[PodKey, Allocation | None]] = {}
+        # the CPU each of those pods asks, kept with them: accounting a node after a bind
+        # sums these instead of looking each of its pods up again
+        self._cpu_on_node: dict[NodeName, dict[PodKey, int]] = {}
         # CPU of the pods without GPUs (kept for nothing else): per pod and per node
         self._cpu_only: dict[PodKey, tuple[NodeName, int]] = {}
         self._cpu_only_on: dict[NodeName, int] = {}
@@ -600,18 +603,26 @@ class ClusterCache:
 
         new_place = _placement(watch, assumption)
         if new_place == old_place:
+            if new_place is not None and record is not None:
+                # a new request of the same pod: counted, as before, at the node's next
+                # accounting
+                self._cpu_on_node[new_place[0]][key] = record.demand.cpu_milli
             return
         if old_place is not None:
             on = self._on_node[old_place[0]]
             del on[key]
+            cpus = self._cpu_on_node[old_place[0]]
+            del cpus[key]
             if not on:
-                del self._on_node[old_place[0]]
+                del self._on_node[old_place[0]], self._cpu_on_node[old_place[0]]
             self._dirty_nodes[old_place[0]] = None
         if new_place is None:
             self._set_alloc(i, key, None)
             return
         name, allocation = new_place
         self._on_node.setdefault(name, {})[key] = allocation
+        assert record is not None  # a placement comes from the watch or an assumption
+        self._cpu_on_node.setdefault(name, {})[key] = record.demand.cpu_milli
         self._dirty_nodes[name] = None
         if allocation is not None:
             self._set_alloc(i, key, allocation)
@@ -678,11 +689,7 @@ class ClusterCache:
                 key, pod.demand, base, capacity=capacity, used=used, problems=problems
             )
             self._set_alloc(i, key, chosen)
-        cpu = self._cpu_only_on.get(name, 0)
-        for key in on:
-            holder = self._pods.get_at(shard_of(key), key)
-            if holder is not None:
-                cpu += holder.demand.cpu_milli
+        cpu = self._cpu_only_on.get(name, 0) + sum(self._cpu_on_node.get(name, {}).values())
         for index, milli in used.items():
             if milli > capacity[index]:
                 problems.append(
