@@ -297,6 +297,26 @@ class Server(Pinned):
         raise RuntimeError(f"{self.name} not ready after {deadline_s} s")
 
 
+class ClientPauses:
+    """The load generator's own longest collection pause per generation. Kept in a
+    list of floats: it is updated inside the collector's callback."""
+
+    def __init__(self) -> None:
+        self.longest = [0.0, 0.0, 0.0]
+
+    def __call__(self, generation: int, seconds: float) -> None:
+        self.longest[generation] = max(self.longest[generation], seconds)
+
+    def restart(self) -> float:
+        """Forget what was counted; the longest full collection until now."""
+        full = self.longest[2]
+        self.longest = [0.0, 0.0, 0.0]
+        return full
+
+    def line(self) -> str:
+        return ", ".join(f"gen {g} {s * 1e3:.1f} ms" for g, s in enumerate(self.longest))
+
+
 GC_PAUSES: Final = "tessera_extender_gc_pause_seconds"
 
 
@@ -625,15 +645,21 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> N
                     f"\n== {name} over HTTP: server on core {args.server_core}, open loop, "
                     "latency from intended send, ms"
                 )
-                with ExitStack() as one:
+                own = ClientPauses()
+                # The load generator on uvloop, and under the servers' collector policy, as
+                # the servers are: its own stalls would add to every latency it measures.
+                with ExitStack() as one, heap.short_pauses(record=own):
+                    full = own.restart()  # the one made on entry, over all it holds
                     server.start(one)
-                    # the load generator on uvloop as the servers are: a slow client
-                    # would add its own delays to every latency it measures
                     results[name] = uvloop.run(
                         serve_and_drive(
                             name, server, cluster, args, clock=clock, say=say, offset=offset * 5000
                         )
                     )
+                say(
+                    f"[{name}] the load generator's longest collection pauses: {own.line()} "
+                    f"(a full one over all it holds: {full * 1e3:.0f} ms)"
+                )
             if "baseline" in results and "extender" in results:
                 say("\n== extender / baseline (p99 ratio, same run)")
                 for key, ours in results["extender"].items():
