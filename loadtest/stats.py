@@ -22,10 +22,11 @@ histograms from several connections or processes merge exactly.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
+
+from prometheus_client.parser import text_string_to_metric_families
 
 DEFAULT_PRECISION: Final = 8
 REPORTED_PERCENTILES: Final = (50.0, 90.0, 99.0, 99.9)
@@ -223,8 +224,6 @@ class Histogram:
 
 # ---------------------------------------------------------------- a server's histograms
 
-_LABEL = re.compile(r'(\w+)="([^"]*)"')
-
 
 @dataclass(frozen=True, slots=True)
 class Scraped:
@@ -260,21 +259,20 @@ def scrape_histogram(text: str, name: str, label: str) -> dict[str, Scraped]:
     counts: dict[str, int] = {}
     totals: dict[str, float] = {}
     buckets: dict[str, list[tuple[float, int]]] = {}
-    for line in text.splitlines():
-        if not line.startswith(name):
+    for family in text_string_to_metric_families(text):
+        if family.name != name or family.type != "histogram":
             continue
-        series, _, value = line.rpartition(" ")
-        metric, _, labels = series.partition("{")
-        found = dict(_LABEL.findall(labels))
-        key = found.get(label)
-        if key is None:
-            continue
-        if metric == f"{name}_count":
-            counts[key] = int(float(value))
-        elif metric == f"{name}_sum":
-            totals[key] = float(value)
-        elif metric == f"{name}_bucket" and "le" in found:
-            buckets.setdefault(key, []).append((float(found["le"]), int(float(value))))
+        for sample in family.samples:
+            key = sample.labels.get(label)
+            if key is None:
+                continue
+            if sample.name == f"{name}_count":
+                counts[key] = int(sample.value)
+            elif sample.name == f"{name}_sum":
+                totals[key] = sample.value
+            elif sample.name == f"{name}_bucket":
+                bound = float(sample.labels["le"])
+                buckets.setdefault(key, []).append((bound, int(sample.value)))
     return {
         key: Scraped(count, totals.get(key, 0.0), tuple(sorted(buckets.get(key, ()))))
         for key, count in counts.items()
