@@ -1,7 +1,8 @@
 """Keep the garbage collector's pauses short in a server whose heap is a large cache.
 
-Layer: I/O (the interpreter's process-wide collector). Only ``serving.serve`` uses it,
-for as long as it serves; must not decide anything or be imported by decision code.
+Layer: I/O (the interpreter's process-wide collector). ``serving.serve`` uses it for as
+long as it serves, and the extender's benchmark while it measures, so that it measures
+as the server runs; must not decide anything or be imported by decision code.
 
 Why: CPython's collector walks, on each full collection, every object that survived the
 young collections and was not frozen. The servers' caches are most of the heap, and
