@@ -55,6 +55,7 @@ from extender.plugins import (
     clamp_score,
     filter_key,
     flat_answers,
+    gang_shortcut,
     kept_answer,
     run_filters,
     run_filters_keyed,
@@ -105,10 +106,14 @@ def filter_nodes(
     """
     ctx = build_context(snapshot, pod, config, now)
     key = filter_key(ctx)
-    plain = ctx.gang is None
+    gang = ctx.gang
     nodes = snapshot.nodes
-    # outside a gang, the answers by name: one look-up per candidate in the common case
-    flat = flat_answers(snapshot, config, key) if plain else None
+    # A lone pod's answers by name, which are also those of a gang member whose gang
+    # refuses no node: one look-up per candidate in the common case. A gang with a
+    # required level has its own shortcut, by the domain of each node.
+    lone = gang is None or not gang.refuses_nodes
+    flat = flat_answers(snapshot, config, key) if lone else None
+    shortcut = None if lone else gang_shortcut(snapshot, ctx, key)
     known = cast("dict[NodeName, Verdict | Draining]", flat if flat is not None else {})
     fits: list[NodeName] = []
     failed: dict[NodeName, str] = {}
@@ -118,13 +123,18 @@ def filter_nodes(
         if verdict is None:
             if name in hopeless:
                 continue
-            node = nodes.get(name)
-            if node is None:
-                hopeless[name] = _not_cached(name)
-                continue
-            verdict = run_filters_keyed(ctx, node, key)
-            if flat is not None:
-                flat[name] = kept_answer(ctx, node, key, verdict)
+            if shortcut is not None:
+                verdict = shortcut.answer(name)
+            if verdict is None:
+                node = nodes.get(name)
+                if node is None:
+                    hopeless[name] = _not_cached(name)
+                    continue
+                verdict = run_filters_keyed(ctx, node, key)
+                if flat is not None:
+                    flat[name] = kept_answer(ctx, node, key)
+                elif shortcut is not None:
+                    shortcut.learn(name, node)
         elif name in hopeless:
             continue  # named twice, or given as unresolvable
         if verdict is FIT:

@@ -26,7 +26,9 @@ memos rest on the same rule, that a key holds everything its answer reads:
   changed node that reaches a state seen before, on it or on another node, finds them;
 * ``flat_answers``: per pod shape, each node's answer by name, kept from one snapshot to
   the next by dropping the nodes the cache's ``NodeChangeLog`` names (one look-up per
-  candidate, where the node memo takes three);
+  candidate, where the node memo takes three); with each node's topology domains kept
+  the same way, most of a gang member's candidates are answered by name too
+  (``GangShortcut``);
 * a gang's room per domain (``_room_tally``): counted once per snapshot, kept in its
   ``memo``, and carried to the next by re-counting the changed nodes.
 
@@ -148,6 +150,13 @@ class GangView:
     reasons: dict[Hashable, Unfit] = field(default_factory=dict, compare=False, repr=False)
     """The gang filters' verdicts, each written once per request: ``_OUTSIDE`` for a node
     outside ``allowed_domains``, (room, resolvable) for a domain without room."""
+
+    @property
+    def refuses_nodes(self) -> bool:
+        """Whether the gang filters can refuse a node: only with a ``required`` level,
+        known or not. Otherwise a member's verdicts are those of a pod of its shape
+        outside any gang."""
+        return self.required is not None or self.unknown_level is not None
 
     @property
     def level(self) -> TopologyLevel | None:
@@ -508,14 +517,14 @@ class _Flat:
 def flat_answers(
     snapshot: Snapshot, config: ExtenderConfig, key: str
 ) -> dict[NodeName, object] | None:
-    """Each node's answer under memo ``key`` (a verdict, a score), by node name, valid
-    for ``snapshot``: one look-up per candidate where the node memos take three, which
-    is most of a request's time with thousands of candidates.
+    """Each node's answer under memo ``key`` (a verdict, a score, a domain), by node
+    name, valid for ``snapshot``: one look-up per candidate where the node memos take
+    three, which is most of a request's time with thousands of candidates.
 
     Kept under ``config`` from one snapshot to the next: the names the cache's change
-    log gives are dropped, to be answered afresh. The caller adds what it computes for
-    pods outside a gang; an answer that reads the time (a draining node's) is kept as
-    what does not (``Draining``), or not at all.
+    log gives are dropped, to be answered afresh. The caller adds what it computes of
+    the node alone, never of a gang; an answer that reads the time (a draining node's)
+    is kept as what does not (``Draining``), or not at all.
     ``None`` when nothing can be kept: a snapshot from outside the cache, or one older
     than the answers kept.
     """
@@ -818,9 +827,16 @@ def filter_gang_domain(ctx: PodContext, node: NodeState) -> Verdict:
     allowed = gang.allowed_domains
     if allowed is None or value in allowed:
         return FIT
-    # One text for every node outside the gang's domain, so that kube-scheduler's event
-    # counts them as one reason (``4990 node(s) ...``) rather than listing each other
-    # domain by name.
+    return _outside(gang, level, allowed)
+
+
+_OUTSIDE: Final = "outside"
+
+
+def _outside(gang: GangView, level: TopologyLevel, allowed: frozenset[str]) -> Unfit:
+    """The verdict on every node outside the gang's domain at ``level``: one text for
+    all, so that kube-scheduler's event counts them as one reason (``4990 node(s) ...``)
+    rather than listing each other domain by name."""
     verdict = gang.reasons.get(_OUTSIDE)
     if verdict is None:
         where = " or ".join(sorted(allowed))
@@ -833,9 +849,6 @@ def filter_gang_domain(ctx: PodContext, node: NodeState) -> Verdict:
     return verdict
 
 
-_OUTSIDE: Final = "outside"
-
-
 def filter_gang_room(ctx: PodContext, node: NodeState) -> Verdict:
     """``required:<level>``: the first member goes only to a domain with room for the
     gang's ``min`` members (counted as whole pods that fit, node by node)."""
@@ -846,8 +859,14 @@ def filter_gang_room(ctx: PodContext, node: NodeState) -> Verdict:
     value = node.domains.get(level.node_label)
     if value is None:
         return FIT  # filter_gang_domain reports the missing label
-    need = gang.spec.min_count
     free, total = domain_room(ctx, gang, value, node)
+    return _room_verdict(gang, level, free, total)
+
+
+def _room_verdict(gang: GangView, level: TopologyLevel, free: int, total: int) -> Verdict:
+    """A first member's verdict on a node whose domain at ``level`` holds ``free``
+    members now and ``total`` with every GPU free."""
+    need = gang.spec.min_count
     if free >= need:
         return FIT
     # the domain unnamed, as in filter_gang_domain: one text per room size
@@ -1000,12 +1019,85 @@ class Draining:
         return _draining(ctx, self.found, self.drain)
 
 
-def kept_answer(ctx: PodContext, node: NodeState, key: str, verdict: Verdict) -> Verdict | Draining:
-    """What ``flat_answers`` under ``key`` keeps for ``node``, whose verdict for a pod
-    outside a gang is ``verdict``: the verdict, or for a draining node a ``Draining``."""
+def kept_answer(ctx: PodContext, node: NodeState, key: str) -> Verdict | Draining:
+    """What ``flat_answers`` under ``key = filter_key(ctx)`` keeps for ``node``: the
+    verdict for a pod of the shape outside any gang, or for a draining node a
+    ``Draining``."""
+    found = _static_verdicts(ctx, node, key)
     if node.drain_after is None:
-        return verdict
-    return Draining(_static_verdicts(ctx, node, key), node.drain_after)
+        return found[0]
+    return Draining(found, node.drain_after)
+
+
+@dataclass(frozen=True, slots=True)
+class GangShortcut:
+    """A gang member's verdict on a node by name, for most of a request's candidates,
+    without reading the node: from each node's domain kept by name (``flat_answers``
+    under ``domain_key``) and the answer a pod of the member's shape outside any gang
+    gets there (``flat_answers`` under ``filter_key``).
+
+    The domain filter comes first in ``FILTERS`` and never resolves: outside the gang's
+    domain it decides alone. Elsewhere the member's verdict is the lone pod's (cordon,
+    product and GPUs) combined with the gang's room filter, by the rule of
+    ``run_filters``: that filter passes once a member is placed, and for a first member
+    it reads the room of the node's domain. A draining node's verdict reads the time,
+    so ``answer`` gives None for it, as for a node not seen yet: the caller judges it
+    whole (``run_filters_keyed``) and tells ``learn``. With thousands of candidates,
+    most of them outside the domain of a placed member, this is one or two look-ups
+    per node where judging it reads the node, its domains and its memo.
+    """
+
+    ctx: PodContext
+    key: str
+    gang: GangView
+    level: TopologyLevel
+    domains: dict[NodeName, str | None]
+    lone: dict[NodeName, object]
+
+    def answer(self, name: NodeName) -> Verdict | None:
+        """The member's verdict on node ``name``, or None: judge the node whole."""
+        value = self.domains.get(name)
+        if value is None:  # not seen yet, or no label (which the domain filter reports)
+            return None
+        gang = self.gang
+        allowed = gang.allowed_domains
+        room: Verdict = FIT
+        if allowed is not None:
+            if value not in allowed:
+                return _outside(gang, self.level, allowed)
+        elif gang.rooms is not None:
+            # the snapshot's own node is counted in ``rooms`` as it is: ``domain_room``'s
+            # correction for a node given otherwise is nothing here
+            free, total = gang.rooms.free.get(value, 0), gang.rooms.total.get(value, 0)
+            room = _room_verdict(gang, self.level, free, total)
+        lone = self.lone.get(name)
+        if lone is None or isinstance(lone, Draining):
+            return None
+        return _combine((cast("Verdict", lone), room))
+
+    def learn(self, name: NodeName, node: NodeState) -> None:
+        """Keep what ``answer`` reads of ``node``, judged whole under ``name``."""
+        self.domains[name] = node.domains.get(self.level.node_label)
+        self.lone[name] = kept_answer(self.ctx, node, self.key)
+
+
+def domain_key(label: str) -> str:
+    """The ``flat_answers`` key of each node's value of ``label``."""
+    return sys.intern(f"d|{label}")
+
+
+def gang_shortcut(snapshot: Snapshot, ctx: PodContext, key: str) -> GangShortcut | None:
+    """The shortcut for a member of a gang with a known ``required`` level, ``key =
+    filter_key(ctx)``; None for any other pod, or a snapshot that keeps nothing."""
+    gang = ctx.gang
+    if gang is None or gang.required is None:
+        return None
+    level = gang.required
+    domains = flat_answers(snapshot, ctx.config, domain_key(level.node_label))
+    lone = flat_answers(snapshot, ctx.config, key)
+    if domains is None or lone is None:
+        return None
+    return GangShortcut(ctx, key, gang, level, cast("dict[NodeName, str | None]", domains), lone)
 
 
 # ---------------------------------------------------------------- scorers

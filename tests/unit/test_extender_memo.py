@@ -6,6 +6,8 @@
   configuration gives each node on its own, and nodes in one state do share them;
 * a gang's room per domain, carried from one snapshot to the next as nodes change, is
   the room counted afresh on the same cluster;
+* a gang member answered by name (its nodes' domains, a lone pod's answers of its
+  shape) gets the verdicts of judging each node whole;
 * a changed node (an allocation, a cordon, a GPU gone unhealthy) is a new object with an
   empty memo, so the change shows at once;
 * the memo is no part of a node's equality or repr, and stays bounded.
@@ -205,6 +207,9 @@ _STEPS = st.lists(
 )
 
 
+_TEAM_MEMBER = demand(2, gang="ns.team", size=3, topology="required:rack")
+
+
 def _rooms_of(snap: Snapshot, config: ExtenderConfig) -> tuple[object, object]:
     member = pod("m0", demand(4, gang="ns.job", size=2, topology="required:rack"))
     gang = build_context(snap, member, config, NOW).gang
@@ -226,8 +231,9 @@ _LAYOUTS = st.lists(
 def _changing_cluster(
     layouts: list[str], steps: list[tuple[str, int]]
 ) -> Iterator[tuple[Snapshot, Snapshot]]:
-    """After each step (a 2-GPU pod placed or ended, a node cordoned or draining): the
-    snapshot of one cache that saw every step, and a fresh cache's of the same cluster."""
+    """After each step (a 2-GPU pod placed or ended, a member of ``_TEAM_MEMBER``'s gang
+    placed, a node cordoned or draining): the snapshot of one cache that saw every step,
+    and a fresh cache's of the same cluster."""
     base = [
         node(layout, f"n{i}", rack=rack)
         for i, (layout, rack) in enumerate(zip(layouts, _RACKS, strict=True))
@@ -245,6 +251,13 @@ def _changing_cluster(
                 taker = pod(f"t{number}", demand(2), node=name, indices=indices)
                 live.upsert_pod(taker)
                 placed.append(taker)
+        elif action == "join":
+            state = live.snapshot().nodes[name]
+            indices = pick_gpus(state, PodDemand(gpus=2))
+            if indices is not None:
+                member = pod(f"m{number}", _TEAM_MEMBER, node=name, indices=indices)
+                live.upsert_pod(member)
+                placed.append(member)
         elif action == "give" and placed:
             gone = placed.pop(index % len(placed))
             live.delete_pod(gone.key)
@@ -334,3 +347,48 @@ def test_the_tables_kept_by_name_stay_bounded_whatever_the_pod_shapes() -> None:
     tables = config.by_state["tables"]  # answers by node name, one table per pod shape
     assert isinstance(tables, dict)
     assert 0 < len(tables) <= 64
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    layouts=_LAYOUTS,
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["take", "join", "join", "give", "cordon", "drain"]), st.integers(0, 5)
+        ),
+        max_size=12,
+    ),
+    asks=st.lists(
+        st.sampled_from(
+            ["required:rack", "required:rack", "preferred:rack", "required:zone", None, "lone"]
+        ),
+        min_size=1,
+    ),
+)
+def test_a_gang_members_answers_by_name_are_those_of_each_node_judged_whole(
+    layouts: list[str], steps: list[tuple[str, int]], asks: list[str | None]
+) -> None:
+    """Members of one gang (the first, then followers as members are placed), with a
+    topology level required, preferred, unknown or none, and lone pods of their shape,
+    asking one after another: what each request answers with what earlier requests
+    kept by name (the lone pods' answers, each node's rack) is what judging every
+    node afresh answers."""
+    config = replace(CONFIG)
+    names = [f"n{i}" for i in range(6)] + ["gone"]
+    for number, (live, fresh) in enumerate(_changing_cluster(layouts, steps)):
+        ask = asks[number % len(asks)]
+        if ask == "lone":
+            want = pod("asking", demand(2))
+        else:
+            want = pod("asking", demand(2, gang="ns.team", size=3, topology=ask))
+        kept = filter_nodes(live, want, names, config, NOW)
+        assert kept == filter_nodes(fresh, want, names, replace(CONFIG), NOW)
+        ctx = build_context(fresh, want, replace(CONFIG), NOW)
+        for name in names[:-1]:
+            verdict = run_filters(ctx, fresh.nodes[NodeName(name)])
+            if verdict is FIT:
+                assert name in kept.fits
+            else:
+                assert isinstance(verdict, Unfit)
+                where = kept.failed if verdict.resolvable else kept.unresolvable
+                assert where.get(NodeName(name)) == verdict.reason
