@@ -292,7 +292,9 @@ def request_nodes(
             continue
         merged[described.name] = merge_node(described, cached)
         names.append(described.name)
-    view = replace(snapshot, nodes=_Overlay(merged, snapshot.nodes))
+    # no change log: what readers keep by node name for the cache's snapshots (answers,
+    # domains) describes the cache's nodes, not these
+    view = replace(snapshot, nodes=_Overlay(merged, snapshot.nodes), node_log=None)
     return RequestNodes(view, tuple(names), MappingProxyType(hopeless))
 
 

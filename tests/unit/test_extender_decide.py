@@ -3,6 +3,7 @@ which victims preemption keeps, and how full Node objects meet the cache."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -99,6 +100,35 @@ def test_request_node_without_a_name_is_reported_not_raised() -> None:
     del nameless["metadata"]["name"]
     given = decide.request_nodes(snapshot([]), [nameless], CONFIG)
     assert list(given.unresolvable) == ["Nodes.items[0]"]
+
+
+@pytest.mark.parametrize(
+    "want",
+    [
+        pytest.param(demand(1), id="lone-pod"),
+        pytest.param(demand(1, gang="ns.g", size=2, topology="required:rack"), id="gang-member"),
+    ],
+)
+def test_a_requests_own_node_is_judged_whatever_was_kept_for_the_cached_one(
+    want: PodDemand,
+) -> None:
+    """Answers kept by node name describe the cache's nodes: a request that sends its
+    own copy (cordoned here, the cache's is not) is judged on that copy, and leaves
+    the cache's answers as they were."""
+    config = replace(CONFIG)
+    cache = cluster([node(".... ....", "n1", rack="r1"), node(".... ....", "n2", rack="r1")])
+    names = ["n1", "n2"]
+    asking = pod("p", want)
+    assert decide.filter_nodes(cache.snapshot(), asking, names, config, NOW).fits == ("n1", "n2")
+    scores = decide.score_nodes(cache.snapshot(), asking, names, config, NOW)
+    assert None not in scores
+    sent = builders.node_json("n1", rack="r1", unschedulable=True)
+    given = decide.request_nodes(cache.snapshot(), [sent], config)
+    outcome = decide.filter_nodes(given.snapshot, asking, given.names, config, NOW)
+    assert outcome.unresolvable == {"n1": "node is cordoned (spec.unschedulable)"}
+    assert decide.score_nodes(given.snapshot, asking, given.names, config, NOW) == [None]
+    assert decide.filter_nodes(cache.snapshot(), asking, names, config, NOW).fits == ("n1", "n2")
+    assert decide.score_nodes(cache.snapshot(), asking, names, config, NOW) == scores
 
 
 def test_the_overlay_still_shows_the_other_cached_nodes() -> None:
