@@ -19,11 +19,11 @@ Packing judges a node by the pods the cluster runs (``ExtenderConfig.pod_mix``).
 first request when a cluster file is loaded, right after the informers have listed, then
 every interval; a batch of pods at a time, so that requests are answered in between.
 
-A gang's first member reads the room per topology domain for its shape, which counting
-every node takes tens of milliseconds the first time. For each gang shape the cluster's
-pods show, the count is made ahead: with the cluster file before the first request,
-else once the informers have listed, and again under each newly learned pod mix (whose
-config starts with nothing kept).
+A gang's first member reads the room per topology domain for its shape, and each
+node's domain and verdict by name, which take tens of milliseconds over every node the
+first time. For each gang shape the cluster's pods show, they are made ahead: with the
+cluster file before the first request, else once the informers have listed, and again
+under each newly learned pod mix (whose config starts with nothing kept).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from extender.config import (
 )
 from extender.decide import BindPlan
 from extender.metrics import ExtenderMetrics
-from extender.plugins import count_gang_rooms
+from extender.plugins import prepare_gang_shape
 from extender.settings import ExtenderSettings
 
 log = logging.getLogger(__name__)
@@ -390,7 +390,7 @@ async def relearn_pod_mix(app: web.Application, snapshot: Snapshot) -> bool:
         extra=logs.fields(sizes=len(mix), pods=pods, moved=round(moved, 4)),
     )
     # what the last config kept is gone with it
-    await prepare_gang_rooms(app, snapshot)
+    await prepare_gang_shapes(app, snapshot)
     return True
 
 
@@ -410,35 +410,35 @@ async def gang_demands(snapshot: Snapshot, batch: int = MIX_BATCH_PODS) -> list[
     return list(found.values())
 
 
-async def prepare_gang_rooms(app: web.Application, snapshot: Snapshot) -> int:
-    """Count, under the config in use, the room per domain of every gang shape the
-    cluster's pods show (``plugins.count_gang_rooms``), one shape per turn of the event
-    loop: the first member of such a gang then counts only the nodes changed since,
-    instead of every node while every request waits. How many shapes were counted."""
-    counted = 0
+async def prepare_gang_shapes(app: web.Application, snapshot: Snapshot) -> int:
+    """Make ahead, under the config in use, what the first member of a gang reads, for
+    every gang shape the cluster's pods show (``plugins.prepare_gang_shape``), one shape
+    per turn of the event loop: such a member then redoes only the nodes changed since,
+    instead of every node while every request waits. How many shapes were prepared."""
+    prepared = 0
     for demand in await gang_demands(snapshot):
-        counted += count_gang_rooms(snapshot, demand, app[CONFIG].current, app[CLOCK].now())
+        prepared += prepare_gang_shape(snapshot, demand, app[CONFIG].current, app[CLOCK].now())
         await asyncio.sleep(0)
-    if counted:
-        log.info("gang rooms counted", extra=logs.fields(shapes=counted))
-    return counted
+    if prepared:
+        log.info("gang shapes prepared", extra=logs.fields(shapes=prepared))
+    return prepared
 
 
-async def _prepare_gang_rooms(app: web.Application) -> AsyncIterator[None]:
+async def _prepare_gang_shapes(app: web.Application) -> AsyncIterator[None]:
     """With the built-in pod mix (a learned one prepares when it is put in use): the
-    gang rooms before serving when a cluster file is loaded, else as soon as the
+    gang shapes before serving when a cluster file is loaded, else as soon as the
     informers have listed."""
     source, cache = app[SOURCE], app[CACHE]
     if source.synced:
-        await prepare_gang_rooms(app, cache.snapshot())
+        await prepare_gang_shapes(app, cache.snapshot())
         yield
         return
 
     async def once() -> None:
         await source.wait_synced()
-        await prepare_gang_rooms(app, cache.snapshot())
+        await prepare_gang_shapes(app, cache.snapshot())
 
-    async with serving.background(once(), "count gang rooms"):
+    async with serving.background(once(), "prepare gang shapes"):
         yield
 
 
@@ -544,7 +544,7 @@ def create_app(
     if settings.pod_mix == "learned":
         app.cleanup_ctx.append(_learn_pod_mix)
     else:
-        app.cleanup_ctx.append(_prepare_gang_rooms)
+        app.cleanup_ctx.append(_prepare_gang_shapes)
     app.router.add_post("/filter", filter_nodes)
     app.router.add_post("/prioritize", prioritize)
     app.router.add_post("/bind", bind)

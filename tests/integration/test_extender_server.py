@@ -745,7 +745,7 @@ def gang_cluster() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("mix", ["learned", "default"])
-async def test_a_server_counts_its_gangs_rooms_before_their_first_request(
+async def test_a_server_prepares_its_gang_shapes_before_their_first_request(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, mix: str
 ) -> None:
     caplog.set_level(logging.INFO, logger="extender.app")
@@ -753,10 +753,10 @@ async def test_a_server_counts_its_gangs_rooms_before_their_first_request(
     # a new gang of the running one's shape, of three members: only r2 holds them
     first = pod_json("new-0", gpus=4, gang="team-nlp.new", gang_size=3, topology="required:rack")
     async with serving(settings, cache=cache, clock=clock) as ext:
-        counted = [r for r in caplog.records if r.message == "gang rooms counted"]
+        prepared = [r for r in caplog.records if r.message == "gang shapes prepared"]
         status, result = await ext.post("/filter", filter_args(first, ["a1", "a2", "b1", "b2"]))
     # as an operator reads it with --log-json
-    assert [jsonio.loads(logs.JsonFormatter().format(r))["shapes"] for r in counted] == [1]
+    assert [jsonio.loads(logs.JsonFormatter().format(r))["shapes"] for r in prepared] == [1]
     assert status == 200
     assert result["NodeNames"] == ["b1", "b2"]
     assert set(result["FailedNodes"]) == {"a1", "a2"}
@@ -802,7 +802,7 @@ async def test_a_watching_server_learns_its_mix_once_the_informers_have_listed(
     assert gauge(text, "tessera_extender_pod_mix_sizes") == 1
 
 
-async def test_a_watching_server_counts_its_gangs_rooms_once_the_informers_have_listed(
+async def test_a_watching_server_prepares_its_gang_shapes_once_the_informers_have_listed(
     api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="extender.app")
@@ -814,8 +814,8 @@ async def test_a_watching_server_counts_its_gangs_rooms_once_the_informers_have_
     async with serving(settings) as ext:
         await ext.ready()
         await eventually(
-            lambda: any(r.message == "gang rooms counted" for r in caplog.records),
-            "the rooms were counted",
+            lambda: any(r.message == "gang shapes prepared" for r in caplog.records),
+            "the gang shapes were prepared",
         )
 
 

@@ -31,7 +31,7 @@ from extender.plugins import (
     FIT,
     Unfit,
     build_context,
-    count_gang_rooms,
+    prepare_gang_shape,
     run_filters,
     score_node,
 )
@@ -208,6 +208,13 @@ _STEPS = st.lists(
 
 
 _TEAM_MEMBER = demand(2, gang="ns.team", size=3, topology="required:rack")
+_GANG_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["take", "join", "join", "give", "cordon", "drain"]), st.integers(0, 5)
+    ),
+    max_size=12,
+)
+"""Steps of ``_changing_cluster`` that also place members of ``_TEAM_MEMBER``'s gang."""
 
 
 def _rooms_of(snap: Snapshot, config: ExtenderConfig) -> tuple[object, object]:
@@ -283,20 +290,26 @@ def test_room_counts_carried_across_snapshots_match_a_fresh_count(
 
 
 @settings(max_examples=30, deadline=None)
-@given(layouts=_LAYOUTS, steps=_STEPS)
-def test_room_counted_before_any_request_is_the_one_a_request_counts(
+@given(layouts=_LAYOUTS, steps=_GANG_STEPS)
+def test_a_gang_shape_prepared_before_any_request_is_what_a_request_finds(
     layouts: list[str], steps: list[tuple[str, int]]
 ) -> None:
     config = replace(CONFIG)
     changes = _changing_cluster(layouts, steps)
     first, _ = next(changes)
-    # another gang of the first member's shape: what the server finds among its pods
-    shape = demand(4, gang="other.job", size=3, topology="required:rack")
-    assert count_gang_rooms(first, shape, config, NOW)
-    assert len(first.memo) == 1  # kept for this snapshot, as a request would keep it
+    # a gang of the asking members' shape: what the server finds among its pods
+    shape = demand(2, gang="other.job", size=3, topology="required:rack")
+    assert prepare_gang_shape(first, shape, config, NOW)
+    assert len(first.memo) == 1  # the room, kept for this snapshot as a request keeps it
     assert _rooms_of(first, config) == _rooms_of(first, replace(CONFIG))
-    for live, fresh in changes:
+    names = [f"n{i}" for i in range(6)] + ["gone"]
+    for live, fresh in [(first, first), *changes]:
         assert _rooms_of(live, config) == _rooms_of(fresh, replace(CONFIG))
+        # the first member, then followers once a member of the gang is placed
+        want = pod("asking", _TEAM_MEMBER)
+        assert filter_nodes(live, want, names, config, NOW) == filter_nodes(
+            fresh, want, names, replace(CONFIG), NOW
+        )
 
 
 @pytest.mark.parametrize(
@@ -309,10 +322,12 @@ def test_room_counted_before_any_request_is_the_one_a_request_counts(
         ),
     ],
 )
-def test_a_shape_without_a_known_level_has_no_room_to_count(shape: PodDemand) -> None:
+def test_a_shape_without_a_known_level_has_nothing_to_prepare(shape: PodDemand) -> None:
+    config = replace(CONFIG)
     snap = cluster([node(".... ....", "n0", rack="r0")]).snapshot()
-    assert not count_gang_rooms(snap, shape, replace(CONFIG), NOW)
+    assert not prepare_gang_shape(snap, shape, config, NOW)
     assert not snap.memo
+    assert not config.by_state
 
 
 @settings(max_examples=60, deadline=None)
@@ -352,12 +367,7 @@ def test_the_tables_kept_by_name_stay_bounded_whatever_the_pod_shapes() -> None:
 @settings(max_examples=80, deadline=None)
 @given(
     layouts=_LAYOUTS,
-    steps=st.lists(
-        st.tuples(
-            st.sampled_from(["take", "join", "join", "give", "cordon", "drain"]), st.integers(0, 5)
-        ),
-        max_size=12,
-    ),
+    steps=_GANG_STEPS,
     asks=st.lists(
         st.sampled_from(
             ["required:rack", "required:rack", "preferred:rack", "required:zone", None, "lone"]
