@@ -51,7 +51,7 @@ from extender.config import ExtenderConfig
 from extender.settings import ExtenderSettings
 from loadtest.bench_cache import BLOCK_LABEL, GPUS_PER_NODE, RACK_LABEL, write_fleet
 from loadtest.openloop import Http1Connection, RequestFailed, RunResult, Schedule, run_open_loop
-from loadtest.pinned import Pinned, free_port, proc_cpu_s, proc_memory
+from loadtest.pinned import Pinned, fixed_work_seconds, free_port, proc_cpu_s, proc_memory
 from loadtest.stats import Histogram, Scraped, Summary, scrape_histogram
 
 ZONE_LABEL: Final = "topology.tessera.dev/zone"
@@ -594,6 +594,10 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> N
             f"written in {clock.monotonic() - began:.1f} s"
         )
         say(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load {os.getloadavg()}")
+        say("\n== this machine: one fixed CPU-bound task of about 3 ms, 500 times per core, ms")
+        for core in sorted({args.client_core, args.server_core}):
+            steadiness = Histogram.of(fixed_work_seconds(core, clock))
+            say(f"core {core}: {fmt(steadiness.summary())}")
         if "micro" not in skip:
             config = config_of()
             cache = load_cache(cluster.path, clock, config)
