@@ -1067,7 +1067,7 @@ class GangShortcut:
     """The gang's ``allowed_domains``."""
     outside: Unfit | None
     """The verdict outside them (None: no member placed yet)."""
-    rooms: dict[str, Verdict] = field(default_factory=dict)
+    room_verdicts: dict[str, Verdict] = field(default_factory=dict)
     """The room filter's verdict per domain value, for this request."""
 
     def answer(self, name: NodeName) -> Verdict | None:
@@ -1077,7 +1077,7 @@ class GangShortcut:
             return None
         allowed = self.allowed
         if allowed is None:
-            room = self.rooms.get(value) or self._room(value)
+            room = self.room_verdicts.get(value) or self._room(value)
         elif value in allowed:
             room = FIT
         else:
@@ -1095,7 +1095,7 @@ class GangShortcut:
             # correction for a node given otherwise is nothing here
             free, total = rooms.free.get(value, 0), rooms.total.get(value, 0)
             room = _room_verdict(self.gang, self.level, free, total)
-        self.rooms[value] = room
+        self.room_verdicts[value] = room
         return room
 
     def learn(self, name: NodeName, node: NodeState) -> None:
