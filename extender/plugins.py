@@ -1063,40 +1063,27 @@ class GangShortcut:
     level: TopologyLevel
     domains: dict[NodeName, str | None]
     lone: dict[NodeName, Verdict | Draining]
-    allowed: frozenset[str] | None
-    """The gang's ``allowed_domains``."""
-    outside: Unfit | None
-    """The verdict outside them (None: no member placed yet)."""
-    room_verdicts: dict[str, Verdict] = field(default_factory=dict)
-    """The room filter's verdict per domain value, for this request."""
 
     def answer(self, name: NodeName) -> Verdict | None:
         """The member's verdict on node ``name``, or None: judge the node whole."""
         value = self.domains.get(name)
         if value is None:  # not seen yet, or no label (which the domain filter reports)
             return None
-        allowed = self.allowed
-        if allowed is None:
-            room = self.room_verdicts.get(value) or self._room(value)
-        elif value in allowed:
-            room = FIT
-        else:
-            return self.outside
+        gang = self.gang
+        allowed = gang.allowed_domains
+        room: Verdict = FIT
+        if allowed is not None:
+            if value not in allowed:
+                return _outside(gang, self.level, allowed)
+        elif gang.rooms is not None:
+            # the snapshot's own node is counted in ``rooms`` as it is: ``domain_room``'s
+            # correction for a node given otherwise is nothing here
+            free, total = gang.rooms.free.get(value, 0), gang.rooms.total.get(value, 0)
+            room = _room_verdict(gang, self.level, free, total)
         lone = self.lone.get(name)
         if lone is None or isinstance(lone, Draining):
             return None
         return lone if room is FIT else _combine((lone, room))
-
-    def _room(self, value: str) -> Verdict:
-        rooms = self.gang.rooms
-        room: Verdict = FIT
-        if rooms is not None:
-            # the snapshot's own node is counted in ``rooms`` as it is: ``domain_room``'s
-            # correction for a node given otherwise is nothing here
-            free, total = rooms.free.get(value, 0), rooms.total.get(value, 0)
-            room = _room_verdict(self.gang, self.level, free, total)
-        self.room_verdicts[value] = room
-        return room
 
     def learn(self, name: NodeName, node: NodeState) -> None:
         """Keep what ``answer`` reads of ``node``, judged whole under ``name``."""
@@ -1120,7 +1107,6 @@ def gang_shortcut(snapshot: Snapshot, ctx: PodContext, key: str) -> GangShortcut
     lone = flat_answers(snapshot, ctx.config, key)
     if domains is None or lone is None:
         return None
-    allowed = gang.allowed_domains
     return GangShortcut(
         ctx,
         key,
@@ -1128,8 +1114,6 @@ def gang_shortcut(snapshot: Snapshot, ctx: PodContext, key: str) -> GangShortcut
         level,
         cast("dict[NodeName, str | None]", domains),
         cast("dict[NodeName, Verdict | Draining]", lone),
-        allowed,
-        None if allowed is None else _outside(gang, level, allowed),
     )
 
 
