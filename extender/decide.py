@@ -130,11 +130,13 @@ def filter_nodes(
                 if node is None:
                     hopeless[name] = _not_cached(name)
                     continue
-                verdict = run_filters_keyed(ctx, node, key)
                 if flat is not None:
-                    flat[name] = kept_answer(ctx, node, key)
-                elif shortcut is not None:
-                    shortcut.learn(name, node)
+                    # what is kept is the verdict (a draining node's is told below)
+                    verdict = flat[name] = kept_answer(ctx, node, key)
+                else:
+                    verdict = run_filters_keyed(ctx, node, key)
+                    if shortcut is not None:
+                        shortcut.learn(name, node)
         elif name in hopeless:
             continue  # named twice, or given as unresolvable
         if verdict is FIT:
