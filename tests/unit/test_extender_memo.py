@@ -251,20 +251,14 @@ def _changing_cluster(
     yield live.snapshot(), live.snapshot()
     for number, (action, index) in enumerate(steps):
         name = NodeName(f"n{index}")
-        if action == "take":
+        if action in ("take", "join"):
             state = live.snapshot().nodes[name]
             indices = pick_gpus(state, PodDemand(gpus=2))
             if indices is not None:
-                taker = pod(f"t{number}", demand(2), node=name, indices=indices)
+                shape = demand(2) if action == "take" else _TEAM_MEMBER
+                taker = pod(f"{action}{number}", shape, node=name, indices=indices)
                 live.upsert_pod(taker)
                 placed.append(taker)
-        elif action == "join":
-            state = live.snapshot().nodes[name]
-            indices = pick_gpus(state, PodDemand(gpus=2))
-            if indices is not None:
-                member = pod(f"m{number}", _TEAM_MEMBER, node=name, indices=indices)
-                live.upsert_pod(member)
-                placed.append(member)
         elif action == "give" and placed:
             gone = placed.pop(index % len(placed))
             live.delete_pod(gone.key)
