@@ -54,9 +54,20 @@ def load(path: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-def create_app(free: dict[str, tuple[int, int]]) -> web.Application:
+CANNED_REASON = "canned answer: every third node fits"
+
+
+def create_app(free: dict[str, tuple[int, int]], *, canned: bool = False) -> web.Application:
     async def filter_nodes(request: web.Request) -> web.Response:
         args = jsonio.loads(await request.read())
+        if canned:
+            names = args["NodeNames"]
+            out = {
+                "NodeNames": names[::3],
+                "FailedNodes": dict.fromkeys(names[1::3] + names[2::3], CANNED_REASON),
+                "Error": "",
+            }
+            return web.Response(body=jsonio.dumps(out), content_type="application/json")
         need = _whole(args["Pod"])
         fits: list[str] = []
         failed: dict[str, str] = {}
@@ -72,7 +83,7 @@ def create_app(free: dict[str, tuple[int, int]]) -> web.Application:
     async def prioritize(request: web.Request) -> web.Response:
         args = jsonio.loads(await request.read())
         scores = [
-            {"Host": name, "Score": min(10, free.get(name, (0, 0))[1])}
+            {"Host": name, "Score": 5 if canned else min(10, free.get(name, (0, 0))[1])}
             for name in args["NodeNames"]
         ]
         return web.Response(body=jsonio.dumps(scores), content_type="application/json")
@@ -96,8 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtest.baseline_extender")
     parser.add_argument("--cluster-file", required=True)
     parser.add_argument("--port", type=int, default=8889)
+    parser.add_argument(
+        "--canned", action="store_true", help="answer from the names alone (the floor)"
+    )
     args = parser.parse_args(argv)
-    free = load(args.cluster_file)
+    free = {} if args.canned else load(args.cluster_file)
     try:
         import uvloop  # noqa: PLC0415 - what the extender runs on, when it is there
 
@@ -105,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         pass
     print(f"baseline extender: {len(free)} nodes, pid {os.getpid()}", flush=True)
-    web.run_app(create_app(free), host="127.0.0.1", port=args.port, print=None)
+    web.run_app(create_app(free, canned=args.canned), host="127.0.0.1", port=args.port, print=None)
     return 0
 
 

@@ -16,7 +16,10 @@ report). Must not be imported by the servers or run by pytest.
    side by side), and drives them open-loop (coordinated-omission-safe) over HTTP/1.1:
    ``/filter`` and ``/prioritize`` with a 1-GPU pod and 500 or all node names
    (``nodeCacheCapable: true``), then the sustained filter → prioritize → bind cycle of
-   pending pods at ``--cycle-rate`` pods/s, with per-verb service times;
+   pending pods at ``--cycle-rate`` pods/s, with per-verb service times. Before them the
+   baseline with ``--canned`` (the floor: answers from the names alone) runs the cycle
+   alone: the latency this machine and this load generator give a server that decides
+   nothing;
 4. a sweep of in-process filter / prioritize over 1k, 2.5k, 5k, 10k nodes: time per node.
 
 Latencies are from the intended send time (open loop); p50/p90/p99/p99.9 per verb, the
@@ -485,7 +488,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "negative value (root only) keeps co-tenants from taking the pinned cores",
     )
     parser.add_argument("--sweep", default="1000,2500,5000,10000", help="node counts ('' skips)")
-    parser.add_argument("--skip", default="", help="comma list of: micro,http,baseline,sweep")
+    parser.add_argument("--skip", default="", help="comma list of: micro,http,floor,baseline,sweep")
     return parser.parse_args(argv)
 
 
@@ -498,6 +501,7 @@ async def serve_and_drive(
     clock: Clock,
     say: Callable[[str], None],
     offset: int,
+    verb_runs: bool = True,
 ) -> dict[str, Summary]:
     ready_s = await server.ready(clock, 600)
     say(f"[{name}] ready after {ready_s:.1f} s, RSS {server.rss_mib():.0f} MB")
@@ -508,7 +512,7 @@ async def serve_and_drive(
     out: dict[str, Summary] = {}
     cpu: dict[str, float] = {}
     """Server CPU seconds per request (per pod for the cycle), from /proc."""
-    for verb in ("filter", "prioritize"):
+    for verb in ("filter", "prioritize") if verb_runs else ():
         for label, bodies, rate in (
             ("500", small, args.rate_500),
             (str(len(cluster.names)), full, args.rate_all),
@@ -612,6 +616,19 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> N
         results: dict[str, dict[str, Summary]] = {}
         if "http" not in skip:
             servers = []
+            if "floor" not in skip:
+                servers.append(
+                    (
+                        "floor",
+                        pinned_server(
+                            "floor",
+                            "loadtest.baseline_extender",
+                            ["--cluster-file", str(cluster.path), "--canned"],
+                            args,
+                            folder,
+                        ),
+                    )
+                )
             if "baseline" not in skip:
                 servers.append(
                     (
@@ -657,7 +674,14 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> N
                     server.start(one)
                     results[name] = uvloop.run(
                         serve_and_drive(
-                            name, server, cluster, args, clock=clock, say=say, offset=offset * 5000
+                            name,
+                            server,
+                            cluster,
+                            args,
+                            clock=clock,
+                            say=say,
+                            offset=offset * 5000,
+                            verb_runs=name != "floor",
                         )
                     )
                 say(
@@ -680,6 +704,13 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> N
                         f"{key:<20} p50 {ours.p50 / base.p50:5.2f}x   "
                         f"p99 {ours.p99 / base.p99:5.2f}x"
                     )
+            say(f"\n== the cycle at {args.cycle_rate:.0f} pods/s, same run")
+            for name, summaries in results.items():
+                cycle, cpu = summaries["cycle"], summaries["cpu cycle"]
+                say(
+                    f"{name:<10} p50 {cycle.p50 * 1e3:7.3f}  p99 {cycle.p99 * 1e3:7.3f} ms; "
+                    f"server CPU {cpu.p50 * 1e3:.2f} ms per pod"
+                )
             ext = results.get("extender")
             if ext:
                 say("\n== targets (extender, p99)")
@@ -698,6 +729,19 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> N
                             f"{key:<20} p99 {got.p99 * 1e3:7.3f} ms  target <= {limit} ms  "
                             f"{'met' if got.p99 * 1e3 <= limit else 'NOT met'}"
                         )
+                floor = results.get("floor")
+                if floor is not None and floor["cycle"].count:
+                    # a target the floor misses cannot be shown on this machine by any server
+                    got_ms, limit = floor["cycle"].p99 * 1e3, targets["cycle"]
+                    say(
+                        f"{'cycle, floor':<20} p99 {got_ms:7.3f} ms  target <= {limit} ms  "
+                        + (
+                            "met by a server that decides nothing"
+                            if got_ms <= limit
+                            else "NOT met by a server that decides nothing: "
+                            "out of this machine's reach"
+                        )
+                    )
                 say(
                     f"{'RSS':<20} {ext['rss'].p50:7.0f} MB  target <= 250 MB  "
                     f"{'met' if ext['rss'].p50 <= 250 else 'NOT met'}"
