@@ -500,9 +500,11 @@ async def serve_and_drive(
     *,
     clock: Clock,
     say: Callable[[str], None],
-    offset: int,
     verb_runs: bool = True,
 ) -> dict[str, Summary]:
+    """Drive one server: the per-verb runs (unless ``verb_runs`` is false), then the
+    warm-up cycle and the cycle over the cluster's pending pods from the first, the
+    same pods for every server."""
     ready_s = await server.ready(clock, 600)
     say(f"[{name}] ready after {ready_s:.1f} s, RSS {server.rss_mib():.0f} MB")
     rng = random.Random(3)
@@ -531,6 +533,7 @@ async def serve_and_drive(
                 f"server CPU {cpu[key] * 1e3:.2f} ms/request"
             )
     say(f"[{name}] RSS after verbs {server.rss_mib():.0f} MB")
+    offset = 0
     if args.warm_cycle > 0:
         # a server that has run a while: the nodes' memos hold the pending pods' shapes
         warm = await cycle_run(
@@ -661,7 +664,7 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> N
                     ),
                 )
             )
-            for offset, (name, server) in enumerate(servers):
+            for name, server in servers:
                 say(
                     f"\n== {name} over HTTP: server on core {args.server_core}, open loop, "
                     "latency from intended send, ms"
@@ -680,7 +683,6 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> N
                             args,
                             clock=clock,
                             say=say,
-                            offset=offset * 5000,
                             verb_runs=name != "floor",
                         )
                     )
@@ -707,6 +709,9 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> N
             say(f"\n== the cycle at {args.cycle_rate:.0f} pods/s, same run")
             for name, summaries in results.items():
                 cycle, cpu = summaries["cycle"], summaries["cpu cycle"]
+                if cycle.count == 0:
+                    say(f"{name:<10} no samples (too few pending pods for the cycle?)")
+                    continue
                 say(
                     f"{name:<10} p50 {cycle.p50 * 1e3:7.3f}  p99 {cycle.p99 * 1e3:7.3f} ms; "
                     f"server CPU {cpu.p50 * 1e3:.2f} ms per pod"
