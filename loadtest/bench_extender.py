@@ -489,7 +489,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--sweep", default="1000,2500,5000,10000", help="node counts ('' skips)")
     parser.add_argument("--skip", default="", help="comma list of: micro,http,floor,baseline,sweep")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.nodes < 500:
+        parser.error(f"--nodes {args.nodes}: at least 500, the per-verb runs send 500 names")
+    return args
 
 
 async def serve_and_drive(
