@@ -231,12 +231,11 @@ class ClusterCache:
         self._assumed: dict[PodKey, _Assumption] = {}
         self._assumed_view: frozenset[PodKey] | None = frozenset()
         # derived: allocations; who sits on each node, with the exact allocation or None
-        # where the cache picks the GPUs; gang members that hold an allocation
+        # where the cache picks the GPUs, and the CPU the pod asks (accounting a node
+        # after a bind sums these instead of looking each pod up again); gang members
+        # that hold an allocation
         self._allocs: _CowMap[PodKey, Allocation] = _CowMap()
-        self._on_node: dict[NodeName, dict[PodKey, Allocation | None]] = {}
-        # the CPU each of those pods asks, kept with them: accounting a node after a bind
-        # sums these instead of looking each of its pods up again
-        self._cpu_on_node: dict[NodeName, dict[PodKey, int]] = {}
+        self._on_node: dict[NodeName, dict[PodKey, tuple[Allocation | None, int]]] = {}
         # CPU of the pods without GPUs (kept for nothing else): per pod and per node
         self._cpu_only: dict[PodKey, tuple[NodeName, int]] = {}
         self._cpu_only_on: dict[NodeName, int] = {}
@@ -539,7 +538,7 @@ class ClusterCache:
 
     def _holders(self, name: NodeName, index: int) -> str:
         found = []
-        for key, exact in sorted(self._on_node.get(name, {}).items()):
+        for key, (exact, _) in sorted(self._on_node.get(name, {}).items()):
             alloc = self._allocs.get(key)
             if alloc is not None and index in alloc.indices:
                 how = "assumed" if key in self._assumed else "bound"
@@ -606,23 +605,20 @@ class ClusterCache:
             if new_place is not None and record is not None:
                 # a new request of the same pod: counted, as before, at the node's next
                 # accounting
-                self._cpu_on_node[new_place[0]][key] = record.demand.cpu_milli
+                self._on_node[new_place[0]][key] = (new_place[1], record.demand.cpu_milli)
             return
         if old_place is not None:
             on = self._on_node[old_place[0]]
             del on[key]
-            cpus = self._cpu_on_node[old_place[0]]
-            del cpus[key]
             if not on:
-                del self._on_node[old_place[0]], self._cpu_on_node[old_place[0]]
+                del self._on_node[old_place[0]]
             self._dirty_nodes[old_place[0]] = None
         if new_place is None:
             self._set_alloc(i, key, None)
             return
         name, allocation = new_place
-        self._on_node.setdefault(name, {})[key] = allocation
         assert record is not None  # a placement comes from the watch or an assumption
-        self._cpu_on_node.setdefault(name, {})[key] = record.demand.cpu_milli
+        self._on_node.setdefault(name, {})[key] = (allocation, record.demand.cpu_milli)
         self._dirty_nodes[name] = None
         if allocation is not None:
             self._set_alloc(i, key, allocation)
@@ -672,7 +668,7 @@ class ClusterCache:
         used = dict.fromkeys(capacity, 0)
         problems: list[str] = []
         picked_keys: list[PodKey] = []
-        for key, allocation in on.items():
+        for key, (allocation, _) in on.items():
             if allocation is None:
                 picked_keys.append(key)
                 continue
@@ -689,7 +685,7 @@ class ClusterCache:
                 key, pod.demand, base, capacity=capacity, used=used, problems=problems
             )
             self._set_alloc(i, key, chosen)
-        cpu = self._cpu_only_on.get(name, 0) + sum(self._cpu_on_node.get(name, {}).values())
+        cpu = self._cpu_only_on.get(name, 0) + sum(cpu for _, cpu in on.values())
         for index, milli in used.items():
             if milli > capacity[index]:
                 problems.append(
