@@ -1,5 +1,6 @@
 """Test helper: a server's ``python -m`` started as a child process, probed until ready
-and stopped as Kubernetes stops a pod (SIGTERM).
+and stopped as Kubernetes stops a pod (SIGTERM); or an aiohttp app served in the test's
+own process on a loopback port of its own.
 
 Layer: I/O, tests only (processes, sockets). Says nothing about what the server answers:
 each test asserts that itself.
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,3 +70,16 @@ async def wait_ready(session: aiohttp.ClientSession, url: str, timeout_s: float 
                     if response.status == 200:
                         return
             await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def serve_app(app: web.Application) -> AsyncIterator[str]:
+    """``app`` over plain HTTP on a free loopback port, for the block; its base URL."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()

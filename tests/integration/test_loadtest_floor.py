@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from cluster import jsonio
 from extender.wire import (
@@ -22,22 +21,16 @@ from extender.wire import (
     HostPriorityModel,
 )
 from loadtest.baseline_extender import CANNED_REASON, create_app
-from loadtest.pinned import free_port
 from tests.builders import pod_json
+from tests.processes import serve_app
 
 NAMES = [f"gpu-{i:03d}" for i in range(10)]
 
 
 @pytest.fixture
 async def floor_url() -> AsyncIterator[str]:
-    runner = web.AppRunner(create_app({}, canned=True))
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serve_app(create_app({}, canned=True)) as url:
+        yield url
 
 
 async def _post(url: str, body: object) -> bytes:

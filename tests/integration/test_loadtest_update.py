@@ -5,9 +5,7 @@ simulated cluster against a recording webhook and a permissive extender on real 
 from __future__ import annotations
 
 import base64
-import contextlib
 import random
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +19,7 @@ from loadtest import fleet, objects, report, scenario
 from loadtest.apiserver import MiniApiServer
 from loadtest.cluster_sim import ClusterSim
 from loadtest.targets import Target, Targets
+from tests.processes import serve_app
 
 Obj = dict[str, Any]
 
@@ -63,18 +62,6 @@ async def bind(request: web.Request) -> web.Response:
     return web.json_response({"Error": ""})
 
 
-@contextlib.asynccontextmanager
-async def serve(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
-
-
 async def run_one_job(recorder: Recorder) -> ClusterSim:
     hook = web.Application()
     hook.router.add_post("/mutate", recorder.mutate)
@@ -88,8 +75,8 @@ async def run_one_job(recorder: Recorder) -> ClusterSim:
     policy = scenario.example_policy()
     job = fleet.JobSpec(0.0, fleet.job_object("j1", fleet.TEAMS[0]), 0.05, "1-gpu")
     async with (
-        serve(hook) as hook_url,
-        serve(ext) as ext_url,
+        serve_app(hook) as hook_url,
+        serve_app(ext) as ext_url,
         aiohttp.ClientSession() as hook_session,
         aiohttp.ClientSession() as ext_session,
         MiniApiServer() as api,
