@@ -106,6 +106,8 @@ INVALID: Final = 422
 
 DEFAULT_SCHEDULER: Final = "default-scheduler"
 """What kube-apiserver writes into ``schedulerName`` when the user chose nothing."""
+GANG_MIN_DIGITS: Final = 9
+"""The most digits a gang-min annotation may have."""
 GANG_ID_MAX: Final = 63
 """A label value's maximum length."""
 _NAME_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
@@ -593,7 +595,12 @@ def gang_id(namespace: str, name: str, generate_name: str, request_uid: str) -> 
 
 def _positive_count(value: str) -> int | None:
     text = value.strip()
-    return int(text) if text.isdigit() and int(text) >= 1 else None
+    # ASCII digits only (int() refuses '²', which isdigit() accepts), and few of them: no
+    # gang has a billion pods, and int() refuses a 60,000-digit string with a ValueError
+    if not (text.isascii() and text.isdigit() and len(text) <= GANG_MIN_DIGITS):
+        return None
+    count = int(text)
+    return count if count >= 1 else None
 
 
 def _user_gang_min(workload: Workload) -> str | None:
