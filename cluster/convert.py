@@ -39,6 +39,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from cluster import labels as keys
+from cluster.echo import echo
 from cluster.model import (
     MILLI_PER_GPU,
     GangId,
@@ -124,7 +125,7 @@ def parse_index_list(value: str) -> tuple[int, ...]:
         item = raw.strip()
         for index in _index_item(item, value):
             if index in seen:
-                raise AnnotationError(f"GPU {index} is named twice in {value!r}")
+                raise AnnotationError(f"GPU {index} is named twice in {echo(value)}")
             seen.add(index)
     return tuple(sorted(seen))
 
@@ -132,16 +133,16 @@ def parse_index_list(value: str) -> tuple[int, ...]:
 def _index_item(item: str, value: str) -> range:
     match = _INDEX_ITEM.fullmatch(item)
     if match is None:
-        what = "an empty item" if not item else f"{item!r}"
+        what = "an empty item" if not item else echo(item)
         raise AnnotationError(
-            f"{what} in {value!r} is not a GPU index or a range of them (like 0-3)"
+            f"{what} in {echo(value)} is not a GPU index or a range of them (like 0-3)"
         )
     first = int(match[1])
     last = int(match[2]) if match[2] is not None else first
     if last < first:
-        raise AnnotationError(f"range {item!r} in {value!r} runs backwards")
+        raise AnnotationError(f"range {echo(item)} in {echo(value)} runs backwards")
     if last >= MAX_GPUS_PER_NODE:
-        raise AnnotationError(f"GPU index {last} in {value!r} is not below {MAX_GPUS_PER_NODE}")
+        raise AnnotationError(f"GPU index {last} in {echo(value)} is not below {MAX_GPUS_PER_NODE}")
     return range(first, last + 1)
 
 
@@ -163,7 +164,7 @@ def parse_islands(value: str, gpu_count: int | None = None) -> tuple[tuple[int, 
             parts.pop()
         islands = [parse_index_list(part) for part in parts]
         if any(not island for island in islands):
-            raise AnnotationError(f"an island in {value!r} names no GPU")
+            raise AnnotationError(f"an island in {echo(value)} names no GPU")
     else:
         islands = [tuple(_index_item(item.strip(), value)) for item in text.split(",")]
     owner: dict[int, int] = {}
@@ -171,11 +172,11 @@ def parse_islands(value: str, gpu_count: int | None = None) -> tuple[tuple[int, 
         for index in island:
             if index in owner:
                 raise AnnotationError(
-                    f"GPU {index} is in islands {owner[index]} and {number} of {value!r}"
+                    f"GPU {index} is in islands {owner[index]} and {number} of {echo(value)}"
                 )
             if gpu_count is not None and index >= gpu_count:
                 raise AnnotationError(
-                    f"GPU {index} in {value!r} does not exist on a node of {gpu_count} GPUs"
+                    f"GPU {index} in {echo(value)} does not exist on a node of {gpu_count} GPUs"
                 )
             owner[index] = number
     return tuple(islands)
@@ -221,7 +222,7 @@ def parse_topology(value: str) -> TopologyConstraint:
         mode = None
     if not sep or mode is None or _NO_SPACE.fullmatch(level) is None:
         raise AnnotationError(
-            f"{value!r} is not required:<level> or preferred:<level> "
+            f"{echo(value)} is not required:<level> or preferred:<level> "
             "(a topology level such as a rack or block node label)"
         )
     return TopologyConstraint(mode=mode, level=level)
@@ -234,19 +235,19 @@ def parse_rfc3339(value: str) -> datetime:
     """
     match = _RFC3339.fullmatch(value.strip())
     if match is None:
-        raise AnnotationError(f"{value!r} is not an RFC 3339 time like 2026-12-01T02:00:00Z")
+        raise AnnotationError(f"{echo(value)} is not an RFC 3339 time like 2026-12-01T02:00:00Z")
     frac = f".{match['frac'][:6]}" if match["frac"] else ""
     zone = "+00:00" if match["zone"] in ("Z", "z") else match["zone"]
     try:
         return datetime.fromisoformat(f"{match['date']}T{match['time']}{frac}{zone}")
     except ValueError as exc:
-        raise AnnotationError(f"{value!r} is not a valid time: {exc}") from None
+        raise AnnotationError(f"{echo(value)} is not a valid time: {exc}") from None
 
 
 def _positive_int(value: str) -> int:
     text = value.strip()
     if _DIGITS.fullmatch(text) is None or int(text) < 1:
-        raise AnnotationError(f"{value!r} is not a positive whole number")
+        raise AnnotationError(f"{echo(value)} is not a positive whole number")
     return int(text)
 
 
@@ -273,7 +274,7 @@ def _text(values: Mapping[str, Any], key: str, problems: list[str], what: str) -
     value = values.get(key)
     if value is None or isinstance(value, str):
         return value
-    problems.append(f"{what} {key}={value!r} is not a string; ignored")
+    problems.append(f"{what} {key}={echo(value)} is not a string; ignored")
     return None
 
 
@@ -285,7 +286,7 @@ def _nanos(value: Any, what: str, problems: list[str]) -> int | None:
         problems.append(f"{what}: {exc}; ignored")
         return None
     if amount < 0:
-        problems.append(f"{what} is negative ({value!r}); ignored")
+        problems.append(f"{what} is negative ({echo(value)}); ignored")
         return None
     return amount
 
@@ -371,7 +372,7 @@ class _NodeResources:
     def nanos(self, resource: str) -> int:
         for field, values in (("allocatable", self._allocatable), ("capacity", self._capacity)):
             if resource in values:
-                where = f"status.{field}[{resource!r}]"
+                where = f"status.{field}[{echo(resource)}]"
                 return _nanos(values[resource], where, self._problems) or 0
         return 0
 
@@ -413,7 +414,7 @@ def _unhealthy(annotations: Mapping[str, Any], gpu_count: int, problems: list[st
     text = annotations[key]
     try:
         if not isinstance(text, str):
-            raise AnnotationError(f"{text!r} is not a string")
+            raise AnnotationError(f"{echo(text)} is not a string")
         named = parse_index_list(text)
     except AnnotationError as exc:
         problems.append(f"annotation {key}: {exc}; treating all {gpu_count} GPUs as unhealthy")
@@ -433,7 +434,7 @@ def _taints(spec: Mapping[str, Any], problems: list[str]) -> tuple[Taint, ...]:
         key = raw.get("key") if isinstance(raw, Mapping) else None
         effect = raw.get("effect") if isinstance(raw, Mapping) else None
         if not isinstance(raw, Mapping) or not isinstance(key, str) or not isinstance(effect, str):
-            problems.append(f"spec.taints[{number}] = {raw!r} has no key or effect; ignored")
+            problems.append(f"spec.taints[{number}] = {echo(raw)} has no key or effect; ignored")
             continue
         value = raw.get("value")
         taints.append(Taint(key=key, value=value if isinstance(value, str) else "", effect=effect))
@@ -535,7 +536,7 @@ def _requests(
             amount = None
         if amount is None or amount < 0:
             # Only a bad value pays for the message: read it again, noting the problem.
-            amount = _nanos(raw, f"{where}.resources.{field}[{name!r}]", problems)
+            amount = _nanos(raw, f"{where}.resources.{field}[{echo(name)}]", problems)
         if amount is not None:
             amounts[name] = amount
     return amounts
@@ -568,7 +569,7 @@ def _pod_requests(spec: Mapping[str, Any], problems: list[str]) -> _Amounts:
     overhead = _mapping(spec, "overhead")
     for name in _DEMAND_RESOURCES:
         if overhead.get(name) is not None:
-            extra = _nanos(overhead[name], f"spec.overhead[{name!r}]", problems)
+            extra = _nanos(overhead[name], f"spec.overhead[{echo(name)}]", problems)
             total[name] += extra or 0
     return total
 
@@ -598,7 +599,7 @@ def _add_init_containers(
 
 def _named(container: Any, number: int, field: str = "containers") -> str:
     name = container.get("name") if isinstance(container, Mapping) else None
-    return f"{field}[{name!r}]" if isinstance(name, str) else f"{field}[{number}]"
+    return f"{field}[{echo(name)}]" if isinstance(name, str) else f"{field}[{number}]"
 
 
 def _whole(nanos: int, resource: str, problems: list[str]) -> int:
@@ -619,7 +620,7 @@ def _gang(
     size_text = _text(annotations, keys.GANG_SIZE, problems, "annotation")
     if size_text is None:
         problems.append(
-            f"label {keys.GANG}={gang_id!r} has no {keys.GANG_SIZE} annotation; "
+            f"label {keys.GANG}={echo(gang_id)} has no {keys.GANG_SIZE} annotation; "
             "scheduled as a single pod"
         )
         return None
@@ -669,7 +670,9 @@ def _time_limit(spec: Mapping[str, Any], problems: list[str]) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        problems.append(f"spec.activeDeadlineSeconds={value!r} is not a positive integer; ignored")
+        problems.append(
+            f"spec.activeDeadlineSeconds={echo(value)} is not a positive integer; ignored"
+        )
         return None
     return value
 
@@ -723,7 +726,7 @@ def _gpu_indices(
     wanted = demand.gpus if demand.gpus else (1 if demand.gpu_milli else 0)
     if len(indices) != wanted:
         problems.append(
-            f"annotation {keys.GPU_INDICES}={text!r} names {len(indices)} GPUs "
+            f"annotation {keys.GPU_INDICES}={echo(text)} names {len(indices)} GPUs "
             f"but the pod takes {wanted}; ignored"
         )
         return ()
@@ -737,5 +740,5 @@ def _phase(status: Mapping[str, Any], problems: list[str]) -> PodPhase:
     try:
         return PodPhase(value)
     except ValueError:
-        problems.append(f"status.phase={value!r} is not a pod phase; treated as Unknown")
+        problems.append(f"status.phase={echo(value)} is not a pod phase; treated as Unknown")
         return PodPhase.UNKNOWN

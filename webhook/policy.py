@@ -70,11 +70,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from cluster import labels
 from cluster.convert import AnnotationError, parse_topology
+from cluster.echo import ECHO_LIMIT, echo
 from cluster.model import MILLI_PER_GPU, GangId, TopologyMode, product_matches
 from webhook.patch import Draft, PatchError, clone
 from webhook.queues import (
@@ -106,6 +107,9 @@ INVALID: Final = 422
 
 DEFAULT_SCHEDULER: Final = "default-scheduler"
 """What kube-apiserver writes into ``schedulerName`` when the user chose nothing."""
+UNKNOWN_QUEUE: Final = "unknown"
+"""The ``queue`` a decision reports (for metrics) when the object names a LocalQueue that
+does not exist: what it names is the user's to choose, and must not become a label."""
 GANG_MIN_DIGITS: Final = 9
 """The most digits a gang-min annotation may have."""
 GANG_ID_MAX: Final = 63
@@ -141,6 +145,7 @@ class Allowed:
     reason: str = "admitted"
     """For metrics: ``admitted``, ``validated`` or why the object was let through as is."""
     queue: str = ""
+    """For metrics: a LocalQueue of the policy, ``UNKNOWN_QUEUE``, or empty (none named)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +157,7 @@ class Denied:
     """For metrics: the rule that denied (``queue``, ``quota``, …)."""
     message: str
     queue: str = ""
+    """For metrics: a LocalQueue of the policy, ``UNKNOWN_QUEUE``, or empty (none named)."""
 
     @property
     def status_reason(self) -> str:
@@ -215,7 +221,8 @@ def rule_queue(
                 FORBIDDEN,
                 "queue",
                 f"{workload.kind_word} {workload.display_name} uses GPUs but has no "
-                f"{labels.QUEUE_NAME} label, and namespace {namespace} has no default "
+                f"{labels.QUEUE_NAME} label, and namespace {echo(namespace, quote=False)} "
+                "has no default "
                 f"queue; set the label to one of the {_queues_there(policy, namespace)}",
             )
         out.node(("metadata", "labels"))[labels.QUEUE_NAME] = local.name
@@ -225,9 +232,9 @@ def rule_queue(
             return Denied(
                 FORBIDDEN,
                 "queue",
-                f"LocalQueue {name!r} (label {labels.QUEUE_NAME}) does not exist in "
-                f"namespace {namespace}; {_queues_there(policy, namespace)}",
-                queue=name,
+                f"LocalQueue {echo(name)} (label {labels.QUEUE_NAME}) does not exist in "
+                f"namespace {echo(namespace, quote=False)}; {_queues_there(policy, namespace)}",
+                queue=UNKNOWN_QUEUE,
             )
         local = found
     cluster = policy.cluster_queue(local.cluster_queue)
@@ -236,7 +243,7 @@ def rule_queue(
         return Denied(
             FORBIDDEN,
             "queue",
-            f"LocalQueue {local.name} in namespace {namespace} points at ClusterQueue "
+            f"LocalQueue {local.name} in namespace {local.namespace} points at ClusterQueue "
             f"{local.cluster_queue}, which does not exist; ask your cluster admin to fix "
             f"it, or use another queue ({_names(others)})",
             queue=local.name,
@@ -248,7 +255,10 @@ def _queues_there(policy: Policy, namespace: str) -> str:
     existing = policy.queues_in(namespace)
     if existing:
         return f"queues in namespace {namespace}: {_names(existing)}"
-    return f"namespace {namespace} has no LocalQueue; ask your cluster admin for one"
+    return (
+        f"namespace {echo(namespace, quote=False)} has no LocalQueue; ask your cluster admin "
+        "for one"
+    )
 
 
 # ---------------------------------------------------------------- rule 2: suspend
@@ -283,7 +293,7 @@ def rule_priority(
         return Denied(
             FORBIDDEN,
             "priority",
-            f"WorkloadPriorityClass {name!r} (label {labels.PRIORITY_CLASS}) does not exist; "
+            f"WorkloadPriorityClass {echo(name)} (label {labels.PRIORITY_CLASS}) does not exist; "
             f"use one of: {_names(policy.priority_class_names)}, or remove the label to get "
             f"the default of {queue}",
             queue=queue.local.name,
@@ -353,7 +363,8 @@ def rule_flavors(
                 FORBIDDEN,
                 "flavor",
                 f"{workload.kind_word} {workload.display_name} accepts GPU products "
-                f"{' or '.join(accepted)} (annotation {labels.GPU_PRODUCT}), but {queue} "
+                f"{echo(' or '.join(accepted), quote=False)} (annotation "
+                f"{labels.GPU_PRODUCT}), but {queue} "
                 f"offers {_describe(offered)}; change the annotation or use a queue that "
                 "offers those GPUs",
                 queue=queue.local.name,
@@ -477,10 +488,12 @@ def _amount(resource: str, units: int) -> str:
 
 
 def _breakdown(ask: GpuAsk) -> str:
-    return " + ".join(
-        f"{name + ': ' if name else ''}{_plural(count, 'pod')} × {each}"  # noqa: RUF001
+    text = " + ".join(
+        f"{echo(name, quote=False) + ': ' if name else ''}{_plural(count, 'pod')} × {each}"  # noqa: RUF001
         for name, count, each in ask.parts
     )
+    # a JobSet may have thousands of replicated jobs: say how they add up, not each one
+    return echo(text, quote=False, limit=3 * ECHO_LIMIT)
 
 
 def _why_borrowable(limit: Limit, cluster: ClusterQueue) -> str:
@@ -655,7 +668,7 @@ def rule_gang(
             return Denied(
                 INVALID,
                 "gang",
-                f"annotation {labels.GANG_MIN}={raw_min!r} must be a whole number from 1 to "
+                f"annotation {labels.GANG_MIN}={echo(raw_min)} must be a whole number from 1 to "
                 f"the {_plural(size, 'pod')} of {workload.kind_word} "
                 f"{workload.display_name}; fix it or remove it (default: all pods)",
                 queue=queue.local.name,
@@ -693,7 +706,7 @@ def rule_gang(
             return Denied(
                 INVALID,
                 "gang",
-                f"pod template {template.pointer} has annotation {labels.GANG_SIZE}={given!r}, "
+                f"pod template {template.pointer} has annotation {labels.GANG_SIZE}={echo(given)}, "
                 f"but {workload.kind_word} {workload.display_name} makes "
                 f"{_plural(size, 'pod')}; remove the annotation (the webhook sets it)",
                 queue=queue.local.name,
@@ -704,7 +717,7 @@ def rule_gang(
                 INVALID,
                 "gang",
                 f"pod template {template.pointer} has annotation {labels.GANG_MIN}="
-                f"{given_min!r}, but the {workload.kind_word} asks for {min_count}; set "
+                f"{echo(given_min)}, but the {workload.kind_word} asks for {min_count}; set "
                 f"{labels.GANG_MIN} once, on the {workload.kind_word}",
                 queue=queue.local.name,
             )
@@ -740,7 +753,7 @@ def _check_level(
         return Denied(
             FORBIDDEN,
             "topology",
-            f"annotation {labels.TOPOLOGY}={value!r} on {where}: the flavors {queue} allows "
+            f"annotation {labels.TOPOLOGY}={echo(value)} on {where}: the flavors {queue} allows "
             f"({_names(f.name for f in flavors)}) have no Topology; remove the annotation or "
             "use a queue with topology-aware flavors",
             queue=queue.local.name,
@@ -754,14 +767,15 @@ def _check_level(
         return Denied(
             FORBIDDEN,
             "topology",
-            f"annotation {labels.TOPOLOGY}={value!r} on {where}: {constraint.level!r} is not a "
-            f"level of the allowed flavors' topology ({levels}); use one of those levels",
+            f"annotation {labels.TOPOLOGY}={echo(value)} on {where}: "
+            f"{echo(constraint.level)} is not a level of the allowed flavors' topology "
+            f"({levels}); use one of those levels",
             queue=queue.local.name,
         )
     if constraint.mode is TopologyMode.REQUIRED and len(having) < len(flavors):
         lacking = [f.name for f in flavors if f not in having]
         return (
-            f"flavors {_names(lacking)} have no topology level {constraint.level!r}; "
+            f"flavors {_names(lacking)} have no topology level {echo(constraint.level)}; "
             "Kueue may still place the job there",
         )
     return ()
@@ -871,12 +885,11 @@ def rule_scheduler(workload: Workload, config: AdmitConfig, out: Draft) -> Notes
 
 
 def _shown(value: str | None) -> str:
-    return "unset" if value is None else repr(value)
+    return "unset" if value is None else echo(value)
 
 
 def check_update(new: Workload, old: Workload) -> Denied | None:
     """UPDATE: the queue label is fixed once running, the gang metadata for good."""
-    queue = new.queue_name or ""
     if new.queue_name != old.queue_name and not (old.suspended and new.suspended):
         return Denied(
             INVALID,
@@ -884,7 +897,6 @@ def check_update(new: Workload, old: Workload) -> Denied | None:
             f"label {labels.QUEUE_NAME} cannot change from {_shown(old.queue_name)} to "
             f"{_shown(new.queue_name)} while {new.kind_word} {new.display_name} is admitted or "
             "running; suspend it first, or create a new one in the other queue",
-            queue=queue,
         )
     checks = [
         (new.annotations.get(labels.GANG_MIN), old.annotations.get(labels.GANG_MIN),
@@ -909,7 +921,6 @@ def check_update(new: Workload, old: Workload) -> Denied | None:
                 f"{what}{at} cannot change after creation (was {_shown(before)}, now "
                 f"{_shown(now)}); delete and re-create {new.kind_word} {new.display_name} "
                 "to change its gang",
-                queue=queue,
             )
     return None
 
@@ -941,12 +952,23 @@ def admit(
     if not workload.uses_gpu:
         return Allowed(obj, reason="no-gpu")
     if request.operation == "UPDATE":
-        return _validate_update(request, workload, kind)
+        return _validate_update(request, workload, kind, policy)
     return _mutate(workload, request.uid, policy, config, placeholder)
 
 
-def _validate_update(request: ReviewRequest, workload: Workload, kind: WorkloadKind) -> Decision:
-    queue = workload.queue_name or ""
+def queue_label(policy: Policy, namespace: str, name: str | None) -> str:
+    """What a decision reports as its queue: ``name`` when it is a LocalQueue of the
+    policy, else ``UNKNOWN_QUEUE``; empty when no queue is named. A bounded set, so that
+    metrics counted by it cannot grow with what users write."""
+    if not name:
+        return ""
+    return name if policy.local_queue(namespace, name) is not None else UNKNOWN_QUEUE
+
+
+def _validate_update(
+    request: ReviewRequest, workload: Workload, kind: WorkloadKind, policy: Policy
+) -> Decision:
+    queue = queue_label(policy, workload.namespace, workload.queue_name)
     if request.old_object is None:
         return Allowed(workload.obj, reason="validated", queue=queue)
     try:
@@ -955,7 +977,9 @@ def _validate_update(request: ReviewRequest, workload: Workload, kind: WorkloadK
         # The stored object is what it is; only the new one is ours to judge.
         return Allowed(workload.obj, reason="validated", queue=queue)
     denied = check_update(workload, old)
-    return denied or Allowed(workload.obj, reason="validated", queue=queue)
+    if denied is not None:
+        return replace(denied, queue=queue)
+    return Allowed(workload.obj, reason="validated", queue=queue)
 
 
 def _mutate(
@@ -976,7 +1000,7 @@ def _mutate(
         if queue.defaulted:
             notes.append(
                 f"no {labels.QUEUE_NAME} label: sent to {queue.local.name}, the default "
-                f"queue of namespace {workload.namespace}"
+                f"queue of namespace {echo(workload.namespace, quote=False)}"
             )
         notes += rule_suspend(workload, out)
         priority = rule_priority(workload, queue, policy, out)

@@ -19,14 +19,19 @@ webhook has no side effects to skip.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
+from cluster.echo import echo
 from webhook.answers import GANG_ID_PLACEHOLDER, Answer, answer_key, keep
 from webhook.patch import JsonPatch, diff
 from webhook.policy import AdmitConfig, Allowed, admit, gang_id
 from webhook.queues import Policy
 from webhook.review import BadReview, decode_review, encode_response, encode_status
 from webhook.workload import ReviewRequest
+
+MESSAGE_LIMIT: Final = 2000
+"""Characters of a denial message. Each value a rule repeats is cut already
+(``cluster.echo``); this bounds what they add up to, such as a problem per container."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +41,7 @@ class ReviewOutcome:
     status: int
     body: bytes
     kind: str = ""
-    """``Job``, ``JobSet``, ``Pod`` or whatever else was reviewed."""
+    """``Job``, ``JobSet``, ``Pod``, or ``other`` for anything else (a client chose it)."""
     decision: str = ""
     """``mutated``, ``allowed``, ``denied``, ``malformed`` or ``unavailable``."""
     reason: str = ""
@@ -74,7 +79,7 @@ def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOut
             return _answer(request, kept, "kept")
     placeholder = GANG_ID_PLACEHOLDER if key is not None else None
     decision = admit(request, policy, config, placeholder=placeholder)
-    kind = request.kind.kind
+    kind = _kind_label(request)
     if isinstance(decision, Allowed):
         patch = diff(request.object, decision.object) if request.object is not None else []
         if key is not None:
@@ -103,7 +108,7 @@ def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOut
             request.uid,
             allowed=False,
             code=decision.code,
-            message=decision.message,
+            message=echo(decision.message, quote=False, limit=MESSAGE_LIMIT),
             reason=decision.status_reason,
         ),
         kind=kind,
@@ -111,6 +116,13 @@ def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOut
         reason=decision.reason,
         queue=decision.queue,
     )
+
+
+def _kind_label(request: ReviewRequest) -> str:
+    """The kind metrics count a review by: one of the three workload kinds, or ``other``
+    (anyone who reaches the port may POST a review of a kind of their own)."""
+    kind = request.workload_kind
+    return "other" if kind is None else kind.value
 
 
 def _memo_key(request: ReviewRequest, config: AdmitConfig) -> tuple[object, ...] | None:
@@ -138,7 +150,7 @@ def _answer(request: ReviewRequest, answer: Answer, source: str) -> ReviewOutcom
     return ReviewOutcome(
         200,
         encode_response(request.uid, allowed=True, patch=patch, warnings=answer.warnings),
-        kind=request.kind.kind,
+        kind=_kind_label(request),
         decision=answer.decision,
         reason=answer.reason,
         queue=answer.queue,

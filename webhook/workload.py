@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from cluster import labels
 from cluster.convert import DemandError, pod_demand
+from cluster.echo import echo
 from cluster.model import PodDemand
 from webhook.patch import PathToken, pointer
 
@@ -191,8 +192,9 @@ class Workload:
 
     @property
     def display_name(self) -> str:
-        """``finetune-abc``, or ``finetune-*`` for a name still to be generated."""
-        return self.name or f"{self.generate_name}*"
+        """``finetune-abc``, or ``finetune-*`` for a name still to be generated; cut like
+        every value a message repeats (``cluster.echo``)."""
+        return echo(self.name or f"{self.generate_name}*", quote=False)
 
     @property
     def kind_word(self) -> str:
@@ -296,7 +298,7 @@ def _jobset_templates(
                 replicas * parallelism,
             )
         )
-        deadlines.append(_deadline(job_spec, base, f"replicated job {rname}"))
+        deadlines.append(_deadline(job_spec, base, f"replicated job {echo(rname, quote=False)}"))
     return tuple(templates), tuple(deadlines)
 
 
@@ -371,7 +373,7 @@ def _deadline(spec: Mapping[str, Any], path: Path, what: str) -> Deadline:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise WorkloadError(
             f"{pointer((*path, 'activeDeadlineSeconds'))[1:].replace('/', '.')} must be a "
-            f"whole number of seconds, 1 or more (got {value!r})"
+            f"whole number of seconds, 1 or more (got {echo(value)})"
         )
     return Deadline(spec_path=path, seconds=value, what=what)
 
@@ -420,7 +422,7 @@ def _string_map(value: object, where: str) -> Mapping[str, str]:
     mapping = _map(value, where)
     for key, item in mapping.items():
         if type(item) is not str:
-            raise WorkloadError(f"{where}[{key!r}] is not a string")
+            raise WorkloadError(f"{where}[{echo(key)}] is not a string")
     return mapping
 
 
@@ -428,5 +430,5 @@ def _count(value: object, where: str) -> int:
     if value is None:
         return 1
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise WorkloadError(f"{where} must be a whole number, 0 or more (got {value!r})")
+        raise WorkloadError(f"{where} must be a whole number, 0 or more (got {echo(value)})")
     return value

@@ -363,6 +363,10 @@ def build_cases() -> dict[str, Review]:
     add("job-no-gpu", job("job-no-gpu", lambda r: set_gpus(job_template_spec(r), None)))
     add("job-queue-default", job("job-queue-default", _no_queue))
     add("job-queue-unknown", job("job-queue-unknown", _queue("team-nlp-q")))
+    add(
+        "job-queue-unknown-long",
+        job("job-queue-unknown-long", _queue("team-nlp-" + "q" * 291)),
+    )
     add("job-queue-orphaned", job("job-queue-orphaned", _in("team-sandbox", _queue("retired"))))
     add(
         "job-queue-missing-managed",
