@@ -40,7 +40,12 @@ class ListWatchClient(Protocol):
     """What the informer needs from ``cluster.kube.KubeClient``."""
 
     async def list(
-        self, path: str, params: Params | None = None, *, page_size: int = 500
+        self,
+        path: str,
+        params: Params | None = None,
+        *,
+        page_size: int = 500,
+        metadata_only: bool = False,
     ) -> tuple[JsonObjects, str]: ...
 
     def watch(
@@ -51,6 +56,7 @@ class ListWatchClient(Protocol):
         *,
         allow_bookmarks: bool = True,
         params: Params | None = None,
+        metadata_only: bool = False,
     ) -> AsyncGenerator[WatchEvent, None]: ...
 
 
@@ -86,7 +92,9 @@ class Informer:
     """Feeds ``on_replace``/``on_event`` from one resource path until stopped.
 
     ``path`` is a collection (``/api/v1/nodes``, ``/api/v1/pods``); ``field_selector`` and
-    ``label_selector`` narrow it. The callbacks run on the event loop between awaits and
+    ``label_selector`` narrow it; ``metadata_only`` asks for each object's metadata alone,
+    for a consumer that reads nothing else (a list of many large objects then costs
+    little memory while it is read). The callbacks run on the event loop between awaits and
     must not block. An exception from a callback is logged and answered with a relist,
     since the consumer's state can no longer be trusted.
     """
@@ -100,6 +108,7 @@ class Informer:
         on_event: OnEvent,
         field_selector: str | None = None,
         label_selector: str | None = None,
+        metadata_only: bool = False,
         page_size: int = 500,
         watch_timeout_s: int = 300,
         backoff: Backoff | None = None,
@@ -117,6 +126,7 @@ class Informer:
         if label_selector:
             params["labelSelector"] = label_selector
         self._params: Params = params
+        self._metadata_only = metadata_only
         self._page_size = page_size
         self._watch_timeout_s = watch_timeout_s
         self._backoff = backoff or Backoff()
@@ -227,7 +237,7 @@ class Informer:
 
     async def _list(self) -> None:
         items, resource_version = await self._client.list(
-            self._path, self._params, page_size=self._page_size
+            self._path, self._params, page_size=self._page_size, metadata_only=self._metadata_only
         )
         try:
             self._on_replace(items)
@@ -251,6 +261,7 @@ class Informer:
             timeout_s,
             allow_bookmarks=True,
             params=self._params,
+            metadata_only=self._metadata_only,
         )
         async with contextlib.aclosing(events):
             async for event in events:
