@@ -15,6 +15,7 @@ from cluster import jsonio, serving
 from cluster.clock import Clock, SystemClock
 from cluster.kube import KubeClient, KubeConfig
 from webhook.metrics import WebhookMetrics
+from webhook.owners import ControllerUsers
 from webhook.policy import AdmitConfig
 from webhook.review_flow import review
 from webhook.settings import WebhookSettings
@@ -98,6 +99,10 @@ def create_app(
     app[CONFIG] = AdmitConfig(
         scheduler_name=settings.scheduler_name,
         managed_namespaces=settings.managed_namespaces,
+        controllers=ControllerUsers(
+            job=frozenset(settings.job_controller_usernames),
+            jobset=frozenset(settings.jobset_controller_usernames),
+        ),
     )
     if store is None:
         store = PolicyStore(clock)

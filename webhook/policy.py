@@ -77,6 +77,15 @@ from cluster import labels
 from cluster.convert import AnnotationError, parse_topology
 from cluster.echo import ECHO_LIMIT, echo
 from cluster.model import MILLI_PER_GPU, GangId, TopologyMode, product_matches
+from webhook.owners import (
+    DEFAULT_CONTROLLERS,
+    NO_OWNERS,
+    ControllerUsers,
+    OwnerKey,
+    OwnerVerdict,
+    OwnerView,
+    judge_owner,
+)
 from webhook.patch import Draft, PatchError, clone
 from webhook.queues import (
     ClusterQueue,
@@ -131,6 +140,8 @@ class AdmitConfig:
     scheduler_name: str = labels.DEFAULT_SCHEDULER_NAME
     managed_namespaces: frozenset[str] = frozenset()
     """Namespaces where a GPU workload without a queue is denied; ``*`` means all."""
+    controllers: ControllerUsers = DEFAULT_CONTROLLERS
+    """Who the Job and JobSet controllers' requests come from (``webhook.owners``)."""
 
     def manages(self, namespace: str) -> bool:
         return namespace in self.managed_namespaces or "*" in self.managed_namespaces
@@ -146,6 +157,9 @@ class Allowed:
     """For metrics: ``admitted``, ``validated`` or why the object was let through as is."""
     queue: str = ""
     """For metrics: a LocalQueue of the policy, ``UNKNOWN_QUEUE``, or empty (none named)."""
+    unconfirmed: OwnerKey | None = None
+    """The controller the object claims, which the view lacked: found by one GET, it
+    would let the object through as is (see ``admit``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +172,8 @@ class Denied:
     message: str
     queue: str = ""
     """For metrics: a LocalQueue of the policy, ``UNKNOWN_QUEUE``, or empty (none named)."""
+    unconfirmed: OwnerKey | None = None
+    """As ``Allowed.unconfirmed``."""
 
     @property
     def status_reason(self) -> str:
@@ -933,10 +949,19 @@ def admit(
     policy: Policy,
     config: AdmitConfig,
     *,
+    owners: OwnerView = NO_OWNERS,
     placeholder: GangId | None = None,
 ) -> Decision:
     """The webhook's whole decision for one AdmissionReview request; with
-    ``placeholder``, a gang id made from the name is written as that instead."""
+    ``placeholder``, a gang id made from the name is written as that instead.
+
+    An object made by the Job or JobSet controller (its controller ownerReference, the
+    sender and ``owners`` say so: ``webhook.owners.judge_owner``) is let through as it
+    is: its template was admitted with its owner. Any other object is judged as a
+    workload of its own, whatever ownerReferences it carries. When only the owner's
+    absence from ``owners`` stood in the way and the answer is not "allowed as is", the
+    decision names that owner (``unconfirmed``) so that the caller may fetch it and
+    decide again with ``owners.with_fetched``."""
     obj = request.object
     kind = request.workload_kind
     if kind is None or obj is None:
@@ -947,13 +972,46 @@ def admit(
         workload = workload_from_object(obj, kind, request.namespace)
     except WorkloadError as exc:
         return Denied(INVALID, "invalid", f"{kind.value} is not valid: {exc}")
-    if workload.owned_by_workload:
+    verdict = judge_owner(
+        workload.owners, workload.namespace, request.user.username, owners, config.controllers
+    )
+    if verdict.owned:
         return Allowed(obj, reason="owned")
+    decision = _judge(request, workload, policy, config, placeholder=placeholder)
+    if verdict.refused:
+        return _claim_refused(decision, verdict, workload)
+    return decision
+
+
+def _judge(
+    request: ReviewRequest,
+    workload: Workload,
+    policy: Policy,
+    config: AdmitConfig,
+    *,
+    placeholder: GangId | None,
+) -> Decision:
+    """The rules, for a workload of its own."""
     if not workload.uses_gpu:
-        return Allowed(obj, reason="no-gpu")
+        return Allowed(workload.obj, reason="no-gpu")
     if request.operation == "UPDATE":
-        return _validate_update(request, workload, kind, policy)
+        return _validate_update(request, workload, workload.kind, policy)
     return _mutate(workload, request.uid, policy, config, placeholder)
+
+
+def _claim_refused(decision: Decision, verdict: OwnerVerdict, workload: Workload) -> Decision:
+    """``decision`` on an object whose claimed controller was not taken. A user whose
+    object is changed learns why it was judged at all; and where the answer is not to
+    let it through as is, a claim the view could not confirm is named for a GET."""
+    as_is = isinstance(decision, Allowed) and decision.object is workload.obj
+    unconfirmed = verdict.claimed if verdict.confirmable and not as_is else None
+    if isinstance(decision, Allowed) and not as_is:
+        note = (
+            f"{workload.kind_word} {workload.display_name} is judged as a {workload.kind_word} "
+            f"of its own, not as made by its controller: {verdict.refused}"
+        )
+        return replace(decision, warnings=(*decision.warnings, note), unconfirmed=unconfirmed)
+    return replace(decision, unconfirmed=unconfirmed) if unconfirmed is not None else decision
 
 
 def queue_label(policy: Policy, namespace: str, name: str | None) -> str:

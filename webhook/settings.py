@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from cluster import labels
+from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES
 
 
 class WebhookSettings(BaseModel):
@@ -31,6 +32,11 @@ class WebhookSettings(BaseModel):
     scheduler_name: str = labels.DEFAULT_SCHEDULER_NAME
     managed_namespaces: frozenset[str] = frozenset()
     """Namespaces where a GPU workload with no queue is denied (``*``: all)."""
+    job_controller_usernames: tuple[str, ...] = JOB_CONTROLLER_USERNAMES
+    """Who may create the pods a Job owns and have them let through unchanged; empty:
+    any sender (the owner must still exist with the uid the pod names)."""
+    jobset_controller_usernames: tuple[str, ...] = JOBSET_CONTROLLER_USERNAMES
+    """Likewise for the Jobs a JobSet owns."""
 
     max_body_bytes: int = Field(3 * 1024 * 1024, ge=64 * 1024)
     """kube-apiserver caps objects at 1.5 MiB; a review carries object and oldObject."""

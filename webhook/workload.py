@@ -31,6 +31,7 @@ from cluster import labels
 from cluster.convert import DemandError, pod_demand
 from cluster.echo import echo
 from cluster.model import PodDemand
+from webhook.owners import OwnerRef
 from webhook.patch import PathToken, pointer
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -150,13 +151,6 @@ class Deadline:
 
 
 @dataclass(frozen=True, slots=True)
-class OwnerRef:
-    api_version: str
-    kind: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
 class Workload:
     """A Job, JobSet or Pod as the rules see it. ``obj`` is the raw object, unchanged."""
 
@@ -180,15 +174,6 @@ class Workload:
     def uses_gpu(self) -> bool:
         """Any container or init container asks for a whole GPU or a share of one."""
         return any(t.uses_gpu for t in self.templates)
-
-    @property
-    def owned_by_workload(self) -> bool:
-        """Made by a Job or JobSet controller, whose templates were already admitted."""
-        return any(
-            (o.kind == "Job" and o.api_version == "batch/v1")
-            or (o.kind == "JobSet" and o.api_version.startswith("jobset.x-k8s.io/"))
-            for o in self.owners
-        )
 
     @property
     def display_name(self) -> str:
@@ -379,17 +364,25 @@ def _deadline(spec: Mapping[str, Any], path: Path, what: str) -> Deadline:
 
 
 def _owners(raw: object) -> tuple[OwnerRef, ...]:
+    """The ownerReferences; a field of the wrong type reads as absent (kube-apiserver
+    refuses such an object after admission; ``webhook.owners`` trusts none of it)."""
     owners = []
     for ref in _list(raw, "metadata.ownerReferences"):
         if isinstance(ref, Mapping):
             owners.append(
                 OwnerRef(
-                    api_version=str(ref.get("apiVersion", "")),
-                    kind=str(ref.get("kind", "")),
-                    name=str(ref.get("name", "")),
+                    api_version=_text(ref.get("apiVersion")),
+                    kind=_text(ref.get("kind")),
+                    name=_text(ref.get("name")),
+                    uid=_text(ref.get("uid")),
+                    controller=ref.get("controller") is True,
                 )
             )
     return tuple(owners)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _map(value: object, where: str) -> Mapping[str, Any]:

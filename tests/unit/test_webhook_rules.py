@@ -1173,8 +1173,6 @@ def test_updates_denied(old: dict[str, Any], new: dict[str, Any], fragment: str)
     ("req", "reason"),
     [
         pytest.param(request(job(gpus=None)), "no-gpu", id="no-gpu"),
-        pytest.param(request(pod(owners=[{"apiVersion": "batch/v1", "kind": "Job", "name": "j"}])),
-                     "owned", id="pod-of-a-job"),
         pytest.param(request(job(queue=None, namespace="free")), "no-queue", id="unmanaged"),
         pytest.param(request(job(), operation="DELETE"), "not-mutated", id="delete"),
         pytest.param(request(job(), operation="UPDATE", old=job()), "validated", id="update"),
