@@ -25,6 +25,7 @@ import yaml
 from certs.manifests import set_ca_bundle
 from certs.plan import make_plan
 from cluster import labels
+from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 NAMESPACE = "tessera-system"
@@ -276,6 +277,29 @@ def test_match_conditions_look_for_a_queue_label_or_a_gpu_in_every_kind() -> Non
     )
 
 
+def test_only_objects_from_a_job_controller_naming_it_as_controller_skip_the_webhook() -> None:
+    """Issue 20: any ownerReference to a Job or JobSet used to skip the call. The skip now
+    needs ``controller: true`` and the controller's own username, the same usernames the
+    webhook checks by default (the webhook also checks that the owner exists)."""
+    expression = {c["name"]: c["expression"] for c in webhook()["matchConditions"]}[
+        "not-made-by-a-job-controller"
+    ]
+    assert expression.startswith("!has(object.metadata.ownerReferences) ||")
+    assert "has(o.controller) && o.controller == true" in expression
+    for field in ("kind", "apiVersion"):
+        assert f"has(o.{field})" in expression
+    job_branch, jobset_branch = expression.split("(o.kind == ")[1:]
+    assert job_branch.startswith("'Job' && o.apiVersion == 'batch/v1'")
+    assert jobset_branch.startswith("'JobSet' && o.apiVersion.startsWith('jobset.x-k8s.io/')")
+    for branch, usernames in (
+        (job_branch, JOB_CONTROLLER_USERNAMES),
+        (jobset_branch, JOBSET_CONTROLLER_USERNAMES),
+    ):
+        (listed,) = re.findall(r"request\.userInfo\.username in\s*\[([^\]]*)\]", branch)
+        assert re.findall(r"'([^']*)'", listed) == list(usernames)
+    assert expression.count("(") == expression.count(")")
+
+
 def test_the_webhook_is_called_through_its_service_with_a_certificate_make_certs_issues() -> None:
     client = webhook()["clientConfig"]
     service = one("Service", "tessera-webhook")
@@ -335,7 +359,7 @@ def rules(role: dict[str, Any]) -> set[tuple[tuple[str, ...], ...]]:
     }
 
 
-def test_the_webhook_only_reads_kueue_queue_objects() -> None:
+def test_the_webhook_only_reads_kueue_queue_objects_and_the_owners_of_pods_and_jobs() -> None:
     assert rules(one("ClusterRole", "tessera-webhook")) == {
         (
             ("kueue.x-k8s.io",),
@@ -348,7 +372,9 @@ def test_the_webhook_only_reads_kueue_queue_objects() -> None:
             ),
             ("get", "list", "watch"),
             (),
-        )
+        ),
+        (("batch",), ("jobs",), ("get", "list", "watch"), ()),
+        (("jobset.x-k8s.io",), ("jobsets",), ("get", "list", "watch"), ()),
     }
 
 
