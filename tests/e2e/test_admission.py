@@ -90,6 +90,20 @@ class Refusal:
     """Fragments of the webhook's message, in order."""
 
 
+def owned_by(job: dict[str, Any], **reference: Any) -> dict[str, Any]:
+    """``job`` naming an owner its creator made up (issue 20): a JobSet ``x``, uid ``0``."""
+    job["metadata"]["ownerReferences"] = [
+        {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "x", "uid": "0",
+         **reference}
+    ]  # fmt: skip
+    return job
+
+
+OVER_QUOTA = (
+    "asks for 48 GPUs (6 pods × 8)",  # noqa: RUF001 - as the webhook says
+    "can get at most 40 GPUs in flavor e2e-h100-reserved",
+)
+
 REFUSALS = {
     "unknown queue": Refusal(
         gpu_job("typo-queue", gpus=1, queue="trainng"),
@@ -107,6 +121,15 @@ REFUSALS = {
             "job too-big asks for 48 GPUs (6 pods × 8)",  # noqa: RUF001 - as the webhook says
             "can get at most 40 GPUs in flavor e2e-h100-reserved",
         ),
+    ),
+    # Issue 20: a forged owner used to skip every rule (and the webhook call itself).
+    "over quota with a forged owner": Refusal(
+        owned_by(gpu_job("forged-owner", pods=6, gpus=8)), FORBIDDEN, OVER_QUOTA
+    ),
+    "over quota with a forged controller": Refusal(
+        owned_by(gpu_job("forged-controller", pods=6, gpus=8), controller=True),
+        FORBIDDEN,
+        OVER_QUOTA,
     ),
     "impossible gang": Refusal(
         gpu_job("gang-min-too-high", pods=4, gpus=4, annotations={labels.GANG_MIN: "5"}),
