@@ -402,6 +402,10 @@ class ControlPlane:
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
             f"--controllers={self._controllers}",
+            # Each controller as its own service account, as kubeadm runs it: the Job
+            # controller's pods then come from system:serviceaccount:kube-system:job-controller,
+            # which the webhook configuration's match condition lets skip the webhook.
+            "--use-service-account-credentials=true",
             "--leader-elect=false",
             f"--bind-address={LOOPBACK}",
             f"--secure-port={port}",
