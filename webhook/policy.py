@@ -10,7 +10,10 @@ writes into the draft, keeping every value the user set. The patch is ``diff(ori
 (``webhook.patch``). Every rule is idempotent: ``admit`` applied to its own output
 changes nothing, which is what kube-apiserver's ``reinvocationPolicy: IfNeeded`` needs.
 
-The rules, in the order they run (the first denial wins):
+The rules, in the order they run (the first denial wins), for every workload but those
+the Job and JobSet controllers made, which are let through as they are: a controller
+ownerReference, from that controller's username, to an owner that exists with that uid
+(``webhook.owners``; any other ownerReference changes nothing):
 
 1. ``rule_queue``: the ``kueue.x-k8s.io/queue-name`` LocalQueue, or the namespace's
    default queue for a GPU workload with no label.
