@@ -807,8 +807,17 @@ def rule_topology(
     policy: Policy,
     out: Draft,
 ) -> Notes | Denied:
-    """The topology annotation must name a level of the flavors' Topology; copied down."""
+    """The topology annotation must name a level of the flavors' Topology.
+
+    Who acts on it depends on the flavors (README, "With Kueue"). Mode A, flavors that name
+    their Topology in ``tessera.dev/topology-name``: copied onto the pod templates, where the
+    extender keeps the gang within the level. Mode B, a flavor with ``spec.topologyName``:
+    Kueue's topology-aware scheduling picks the nodes before kube-scheduler sees the pods,
+    so the level goes to Kueue as its pod-set annotation (the level's node label) and is
+    not copied, lest the extender second-guess the nodes Kueue chose.
+    """
     value = workload.annotations.get(labels.TOPOLOGY)
+    kueue_flavors = [f for f in flavors if f.kueue_topology]
     notes: list[str] = []
     if value is not None:
         checked = _check_level(
@@ -819,18 +828,57 @@ def rule_topology(
         notes.extend(checked)
     for template in workload.templates:
         own = template.annotations.get(labels.TOPOLOGY)
-        if own is not None:
-            if own != value:
-                checked = _check_level(
-                    own, f"pod template {template.pointer}", flavors, policy, queue
-                )
-                if isinstance(checked, Denied):
-                    return checked
-                notes.extend(checked)
+        if own is not None and own != value:
+            checked = _check_level(own, f"pod template {template.pointer}", flavors, policy, queue)
+            if isinstance(checked, Denied):
+                return checked
+            notes.extend(checked)
+        effective = own if own is not None else value
+        if effective is None:
             continue
-        if value is not None:
-            out.set_default((*template.metadata_path, "annotations"), labels.TOPOLOGY, value)
+        if kueue_flavors:
+            notes.extend(_ask_kueue(effective, template, flavors, policy, out))
+        elif own is None:
+            out.set_default((*template.metadata_path, "annotations"), labels.TOPOLOGY, effective)
     return tuple(dict.fromkeys(notes))
+
+
+def _ask_kueue(
+    value: str,
+    template: PodTemplate,
+    flavors: Sequence[Flavor],
+    policy: Policy,
+    out: Draft,
+) -> Notes:
+    """Kueue's pod-set topology annotation for ``value`` (checked already) on ``template``."""
+    kueue_flavors = [f for f in flavors if f.kueue_topology]
+    constraint = parse_topology(value)
+    node_label = next(
+        (
+            label
+            for f in kueue_flavors
+            if f.topology_name is not None
+            and (topology := policy.topology(f.topology_name)) is not None
+            and (label := topology.node_label(constraint.level)) is not None
+        ),
+        None,
+    )
+    if node_label is None:
+        return ()
+    key = (
+        labels.KUEUE_REQUIRED_TOPOLOGY
+        if constraint.mode is TopologyMode.REQUIRED
+        else labels.KUEUE_PREFERRED_TOPOLOGY
+    )
+    out.set_default((*template.metadata_path, "annotations"), key, node_label)
+    notes = [f"topology {value.strip()}: Kueue's topology-aware scheduling places the pods ({key})"]
+    if len(kueue_flavors) < len(flavors):
+        others = [f.name for f in flavors if not f.kueue_topology]
+        notes.append(
+            f"flavors {_names(others)} have no spec.topologyName: Kueue admits a job that "
+            "asks for a topology only to flavors that have one"
+        )
+    return tuple(notes)
 
 
 # ---------------------------------------------------------------- rule 8: time limit
