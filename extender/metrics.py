@@ -194,7 +194,7 @@ class ExtenderMetrics:
         )
         self.bind_api = Histogram(
             "tessera_extender_bind_api_seconds",
-            "The binder's part of a /bind: annotate and post the Binding.",
+            "The binder's part of a /bind: post the Binding (which records the GPUs).",
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )

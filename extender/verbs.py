@@ -14,8 +14,8 @@ no ``Error`` field and kube-scheduler ignores a failing prioritize anyway, so it
 node helps".
 
 Bind is split because its middle is I/O: ``plan_bind`` decides the GPUs (or answers at
-once), the shell assumes them in the cache, patches ``tessera.dev/gpu-indices``, posts
-the Binding, and answers with ``bind_reply``.
+once), the shell assumes them in the cache, posts the Binding (which carries
+``tessera.dev/gpu-indices`` onto the pod), and answers with ``bind_reply``.
 
 A stale cache (``stale_cache``: a watch not heard from for longer than the limit) decides
 nothing: filter and bind answer ``Error``, so kube-scheduler fails the attempt and

@@ -488,28 +488,38 @@ async def test_200_concurrent_binds_never_give_a_gpu_twice(
         assert snapshot.assumed == frozenset()
 
 
-async def test_bindings_are_what_the_default_binder_posts(
+async def test_a_bind_is_one_binding_carrying_the_gpus_and_the_pod_is_never_patched(
     api: FakeApiServer, tmp_path: Path
 ) -> None:
     api.put(NODES_PATH, node_json("gpu-a"))
     pod = api.put(PODS_PATH, pod_json("train-0", gpus=2))
     async with api_extender(api, tmp_path) as ext:
         assert await ext.post("/bind", bind_args(pod, "gpu-a")) == (200, {"Error": ""})
-    patch, post = api.requests_of("patch"), api.requests_of("post")
-    assert [r.path for r in (*patch, *post)] == [
-        "/api/v1/namespaces/team-nlp/pods/train-0",
-        "/api/v1/namespaces/team-nlp/pods/train-0/binding",
+        # the watch shows the pod bound with its GPUs: the assumption is confirmed by it
+        await eventually(lambda: not ext.cache.snapshot().assumed, "the watch confirms the bind")
+        assert ext.cache.snapshot().allocations[key_of(pod)].indices == (0, 1)
+    writes = [r for r in api.requests if r.kind not in ("list", "watch")]
+    assert [(r.kind, r.path) for r in writes] == [
+        ("post", "/api/v1/namespaces/team-nlp/pods/train-0/binding")
     ]
-    assert patch[0].headers["Content-Type"] == "application/merge-patch+json"
-    assert patch[0].headers["Authorization"] == f"Bearer {TOKEN}"
+    (post,) = writes
+    assert post.headers["Authorization"] == f"Bearer {TOKEN}"
     uid = pod["metadata"]["uid"]
-    assert patch[0].json() == {"metadata": {"annotations": {GPU_INDICES: "0,1"}, "uid": uid}}
-    assert post[0].json() == {
+    # DefaultBinder's Binding, with the GPU indices for kube-apiserver to copy onto the pod
+    assert post.json() == {
         "apiVersion": "v1",
         "kind": "Binding",
-        "metadata": {"name": "train-0", "namespace": "team-nlp", "uid": uid},
+        "metadata": {
+            "name": "train-0",
+            "namespace": "team-nlp",
+            "uid": uid,
+            "annotations": {GPU_INDICES: "0,1"},
+        },
         "target": {"kind": "Node", "name": "gpu-a"},
     }
+    stored = api.objects(PODS_PATH)["team-nlp/train-0"]
+    assert stored["spec"]["nodeName"] == "gpu-a"
+    assert stored["metadata"]["annotations"][GPU_INDICES] == "0,1"
 
 
 async def test_a_refused_binding_is_an_error_and_frees_the_gpus(
