@@ -22,6 +22,12 @@ Decisions a reader might otherwise have to guess, all visible in ``problems``:
 * ``tessera.dev/gpu-milli`` of 1000 or more, or together with ``nvidia.com/gpu``: the
   share is counted as whole GPUs (``ceil(milli / 1000)`` more), so that a pod someone
   else bound is never under-counted; the webhook rejects such pods with ``pod_demand``.
+* A GPU request that is no count of GPUs (``nvidia.com/gpu`` or ``tessera.dev/gpu-milli``
+  negative, not a number, a fraction of a unit, or more than a node can have) is not
+  read as no GPUs, which every node would fit: it is a ``refusal`` (``DemandReading``,
+  ``PodInfo``), and the extender places the pod nowhere, saying which request and why.
+* A node's ``nvidia.com/gpu`` that is no count of GPUs (negative, not a number, a
+  fraction, more than ``MAX_GPUS_PER_NODE``) means the node offers none.
 * A gang label without a readable ``tessera.dev/gang-size`` is no gang (the pod is
   scheduled alone); a bad ``tessera.dev/gang-min`` means all members.
 * ``tessera.dev/gpu-indices`` that does not name exactly as many GPUs as the pod asks
@@ -67,6 +73,13 @@ _CPU: Final = "cpu"
 _MEMORY: Final = "memory"
 _PODS: Final = "pods"
 _DEMAND_RESOURCES: Final = (_CPU, _MEMORY, keys.GPU_RESOURCE, keys.GPU_MILLI_RESOURCE)
+_GPU_WHOLE: Final = {
+    keys.GPU_RESOURCE: f"GPUs are whole; ask for {keys.GPU_MILLI_RESOURCE} for a share of one",
+    keys.GPU_MILLI_RESOURCE: "a share is a whole number of thousandths of a GPU",
+}
+"""Why a fraction of each GPU resource's unit cannot be asked for."""
+_NOT_NEGATIVE: Final = "a count cannot be negative"
+_NOT_A_NUMBER: Final = "not a number of GPUs"
 _POD_LEVEL_RESOURCES: Final = (_CPU, _MEMORY)
 """Resources that ``spec.resources`` (pod-level resources) may set for the whole pod."""
 
@@ -101,10 +114,21 @@ class DemandError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class DemandReading:
-    """A pod's demand, read leniently, with what had to be ignored or assumed."""
+    """A pod's demand, read leniently, with what had to be ignored or assumed.
+
+    ``refusals``: GPU requests that are no count of GPUs, each naming the request and
+    why. The demand leaves them out (or rounds them up), but the pod must not be placed
+    as if it asked for that; all but a count over ``MAX_GPUS_PER_NODE`` are also among
+    the ``problems``, whose wording the webhook's rejections keep.
+    """
 
     demand: PodDemand
     problems: tuple[str, ...] = ()
+    refusals: tuple[str, ...] = ()
+
+
+def _refuse(resource: str, detail: str) -> str:
+    return f"the pod's {resource} request is unusable: {detail}"
 
 
 # ---------------------------------------------------------------- annotation grammars
@@ -311,13 +335,7 @@ def node_from_json(obj: Mapping[str, Any], levels: Sequence[str] = ()) -> NodeSt
     problems: list[str] = []
     resources = _NodeResources(status, problems)
 
-    gpu_count = resources.units(keys.GPU_RESOURCE, 0)
-    if gpu_count > MAX_GPUS_PER_NODE:
-        problems.append(
-            f"{keys.GPU_RESOURCE} is {gpu_count}, more than {MAX_GPUS_PER_NODE}; "
-            "node offers no GPUs"
-        )
-        gpu_count = 0
+    gpu_count = _gpu_count(status, problems)
 
     island_of = _islands(annotations, gpu_count, problems)
     unhealthy = _unhealthy(annotations, gpu_count, problems)
@@ -357,6 +375,36 @@ def node_from_json(obj: Mapping[str, Any], levels: Sequence[str] = ()) -> NodeSt
         taints=_taints(spec, problems),
         problems=tuple(problems),
     )
+
+
+def _gpu_count(status: Mapping[str, Any], problems: list[str]) -> int:
+    """The node's ``nvidia.com/gpu`` (allocatable, else capacity); 0, with a problem
+    saying so, for a value that is no count of GPUs."""
+    for field in ("allocatable", "capacity"):
+        values = _mapping(status, field)
+        if keys.GPU_RESOURCE not in values:
+            continue
+        raw = values[keys.GPU_RESOURCE]
+        why = ""
+        try:
+            nanos = to_nanos(raw)
+        except QuantityError:
+            why = _NOT_A_NUMBER
+        else:
+            count, fraction = divmod(nanos, NANO_PER_UNIT)
+            if nanos < 0:
+                why = _NOT_NEGATIVE
+            elif fraction:
+                why = "GPUs are whole"
+            elif count > MAX_GPUS_PER_NODE:
+                why = f"more than a node can have ({MAX_GPUS_PER_NODE})"
+            else:
+                return count
+        problems.append(
+            f"status.{field}[{keys.GPU_RESOURCE!r}] is {raw!r}: {why}; the node offers no GPUs"
+        )
+        return 0
+    return 0
 
 
 class _NodeResources:
@@ -471,10 +519,26 @@ def read_demand(
     limit, per resource, as the API server defaults it.
     """
     problems: list[str] = []
-    totals = _pod_requests(spec, problems)
+    refusals: list[str] = []
+    totals = _pod_requests(spec, problems, refusals)
 
     whole = _whole(totals[keys.GPU_RESOURCE], keys.GPU_RESOURCE, problems)
     milli = _whole(totals[keys.GPU_MILLI_RESOURCE], keys.GPU_MILLI_RESOURCE, problems)
+    if whole > MAX_GPUS_PER_NODE:
+        refusals.append(
+            _refuse(
+                keys.GPU_RESOURCE,
+                f"the pod asks for {whole} GPUs, more than a node can have ({MAX_GPUS_PER_NODE})",
+            )
+        )
+    if milli > MAX_GPUS_PER_NODE * MILLI_PER_GPU:
+        refusals.append(
+            _refuse(
+                keys.GPU_MILLI_RESOURCE,
+                f"the pod asks for {milli} thousandths of a GPU, more than a node can have "
+                f"({MAX_GPUS_PER_NODE} GPUs)",
+            )
+        )
     if milli and (whole or milli >= MILLI_PER_GPU):
         extra = -(-milli // MILLI_PER_GPU)
         if whole:
@@ -502,6 +566,7 @@ def read_demand(
             products=_products(annotations, problems),
         ),
         problems=tuple(problems),
+        refusals=tuple(refusals),
     )
 
 
@@ -513,10 +578,33 @@ def _zero() -> _Amounts:
     return dict.fromkeys(_DEMAND_RESOURCES, 0)
 
 
+def _nanos_or_none(raw: Any) -> int | None:
+    """``to_nanos``, or None for a value that is not a quantity (no message built)."""
+    try:
+        return to_nanos(raw)
+    except QuantityError:
+        return None
+
+
+def _gpu_refusal(name: str, raw: Any, amount: int | None, where: str) -> str:
+    """Why the GPU request ``raw`` of ``name`` at ``where`` is no count of GPUs (``amount``:
+    its nano-units, None when it is not a quantity); ``""`` when it is one."""
+    if amount is None:
+        why = _NOT_A_NUMBER
+    elif amount < 0:
+        why = _NOT_NEGATIVE
+    elif amount % NANO_PER_UNIT:
+        why = _GPU_WHOLE[name]
+    else:
+        return ""
+    return _refuse(name, f"{where} is {raw!r}: {why}")
+
+
 def _requests(
     resources: Mapping[str, Any],
     where: str,
     problems: list[str],
+    refusals: list[str],
     names: Sequence[str] = _DEMAND_RESOURCES,
 ) -> _Amounts:
     """Requests of ``names`` that are set; a missing request defaults to the limit."""
@@ -534,6 +622,8 @@ def _requests(
             amount: int | None = to_nanos(raw)
         except QuantityError:
             amount = None
+        if name in _GPU_WHOLE and (amount is None or amount < 0 or amount % NANO_PER_UNIT):
+            refusals.append(_gpu_refusal(name, raw, amount, f"{where}.resources.{field}"))
         if amount is None or amount < 0:
             # Only a bad value pays for the message: read it again, noting the problem.
             amount = _nanos(raw, f"{where}.resources.{field}[{echo(name)}]", problems)
@@ -542,47 +632,54 @@ def _requests(
     return amounts
 
 
-def _container_requests(container: Any, where: str, problems: list[str]) -> _Amounts:
+def _container_requests(
+    container: Any, where: str, problems: list[str], refusals: list[str]
+) -> _Amounts:
     if not isinstance(container, Mapping):
         problems.append(f"{where} is not a container; ignored")
         return {}
-    return _requests(_mapping(container, "resources"), where, problems)
+    return _requests(_mapping(container, "resources"), where, problems, refusals)
 
 
-def _pod_requests(spec: Mapping[str, Any], problems: list[str]) -> _Amounts:
+def _pod_requests(spec: Mapping[str, Any], problems: list[str], refusals: list[str]) -> _Amounts:
     total = _zero()
     for number, container in enumerate(_sequence(spec, "containers")):
         for name, amount in _container_requests(
-            container, _named(container, number), problems
+            container, _named(container, number), problems, refusals
         ).items():
             total[name] += amount
 
     init_containers = _sequence(spec, "initContainers")
     if init_containers:
-        _add_init_containers(init_containers, total, problems)
+        _add_init_containers(init_containers, total, problems, refusals)
 
     pod_level = _mapping(spec, "resources")
     if pod_level:
         # pod-level resources (KEP-2837) replace the containers' sum where they are set
-        total.update(_requests(pod_level, "spec", problems, _POD_LEVEL_RESOURCES))
+        total.update(_requests(pod_level, "spec", problems, refusals, _POD_LEVEL_RESOURCES))
 
     overhead = _mapping(spec, "overhead")
     for name in _DEMAND_RESOURCES:
-        if overhead.get(name) is not None:
-            extra = _nanos(overhead[name], f"spec.overhead[{echo(name)}]", problems)
-            total[name] += extra or 0
+        raw = overhead.get(name)
+        if raw is None:
+            continue
+        if name in _GPU_WHOLE:
+            refusal = _gpu_refusal(name, raw, _nanos_or_none(raw), "spec.overhead")
+            if refusal:
+                refusals.append(refusal)
+        total[name] += _nanos(raw, f"spec.overhead[{echo(name)}]", problems) or 0
     return total
 
 
 def _add_init_containers(
-    init_containers: Sequence[Any], total: _Amounts, problems: list[str]
+    init_containers: Sequence[Any], total: _Amounts, problems: list[str], refusals: list[str]
 ) -> None:
     """Sidecars add to ``total``; the peak of any init container running raises it."""
     sidecars = _zero()
     init_peak = _zero()
     for number, container in enumerate(init_containers):
         where = _named(container, number, "initContainers")
-        own = _container_requests(container, where, problems)
+        own = _container_requests(container, where, problems, refusals)
         restart = container.get("restartPolicy") if isinstance(container, Mapping) else None
         for name in _DEMAND_RESOURCES:
             if restart == "Always":
@@ -709,6 +806,7 @@ def pod_from_json(obj: Mapping[str, Any]) -> PodInfo:
         scheduler_name=sys.intern(scheduler) if isinstance(scheduler, str) else "",
         deleting=metadata.get("deletionTimestamp") is not None,
         problems=tuple(problems),
+        refusal="; ".join(reading.refusals),
     )
 
 

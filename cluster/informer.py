@@ -4,9 +4,18 @@ Layer: I/O. Keeps a consumer (the cache) equal to kube-apiserver's view of one r
 path: a full list, then a watch from the list's resourceVersion with bookmarks; a re-watch
 from the last seen resourceVersion when the stream ends or breaks; a fresh list when that
 resourceVersion is gone (410). Must not interpret the objects it carries (that is
-``cluster.convert``'s job) and must not hold state beyond the resourceVersion; must not
-import kubernetes_asyncio (the client is ``cluster.kube``). Sleeps and randomness are
-injected so tests are fast and deterministic.
+``cluster.convert``'s job) and must not hold state beyond the resourceVersion and when the
+server was last heard; must not import kubernetes_asyncio (the client is ``cluster.kube``).
+Sleeps, randomness and the clock are injected so tests are fast and deterministic.
+
+How fresh the consumer's copy is (``age_s``) is the time since kube-apiserver was last
+heard on this informer: a list, any watch event or bookmark, or a watch the server ended
+after running its course. An open watch proves nothing by itself (a partitioned
+connection stays open and silent), so a quiet but healthy watch has to end often enough
+to prove the server is there: ``watch_timeout_s`` is the ``timeoutSeconds`` asked for,
+and kube-apiserver also sends a bookmark 2 s before it (``cacheWatcher.nextBookmarkTime``).
+A failed attempt is a WARNING naming the resource and the age, one per backoff step; the
+first sign of the server after failures is an INFO line.
 """
 
 from __future__ import annotations
@@ -134,6 +143,8 @@ class Informer:
         self._rng = rng or random.Random()  # noqa: S311
         self._sleep = sleep
         self._clock = clock or SystemClock()
+        self._heard_at = self._clock.monotonic()
+        self._failing = False
         self._progressed = False
         self._synced = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -143,6 +154,16 @@ class Informer:
     @property
     def path(self) -> str:
         return self._path
+
+    @property
+    def resource(self) -> str:
+        """The collection's resource name (``nodes``, ``pods``): a bounded metric label."""
+        return self._path.rsplit("/", 1)[-1]
+
+    def age_s(self) -> float:
+        """Seconds since kube-apiserver was last heard on this informer (since the
+        informer was made, before it ever was)."""
+        return self._clock.monotonic() - self._heard_at
 
     @property
     def synced(self) -> bool:
@@ -196,7 +217,12 @@ class Informer:
                 started = self._clock.monotonic()
                 await self._watch()
                 if self._progressed or self._clock.monotonic() - started >= SHORT_WATCH_S:
-                    self._log("rewatch", "watch ended by the server")
+                    # the server ended it as asked (timeoutSeconds): it is there
+                    self._heard()
+                    log.debug(
+                        "informer rewatch",
+                        extra=logs.fields(path=self._path, resource_version=self._resource_version),
+                    )
                     failures = 0
                     relisted_for_gone = False
                     continue
@@ -213,7 +239,14 @@ class Informer:
                     # the last relist for a 410 was followed by another with no progress.
                     if not relisted_for_gone:
                         relisted_for_gone = True
-                        self._log("relist", f"resourceVersion gone: {exc}")
+                        log.info(
+                            "informer relist",
+                            extra=logs.fields(
+                                path=self._path,
+                                reason=f"resourceVersion gone: {exc}",
+                                resource_version=self._resource_version,
+                            ),
+                        )
                         continue
                     reason = f"resourceVersion gone again: {exc}"
                 else:
@@ -232,7 +265,19 @@ class Informer:
                 reason = f"callback {exc.callback} failed"
             delay = self._backoff.delay(failures, self._rng)
             failures += 1
-            self._log("relist" if need_list else "rewatch", reason, delay_s=round(delay, 3))
+            self._failing = True
+            log.warning(
+                "informer relist" if need_list else "informer rewatch",
+                extra=logs.fields(
+                    path=self._path,
+                    resource=self.resource,
+                    reason=reason,
+                    age_s=round(self.age_s(), 3),
+                    attempt=failures,
+                    delay_s=round(delay, 3),
+                    resource_version=self._resource_version,
+                ),
+            )
             await self._sleep(delay)
 
     async def _list(self) -> None:
@@ -245,6 +290,7 @@ class Informer:
             raise CallbackError("on_replace") from exc
         self._resource_version = resource_version
         self._lists += 1
+        self._heard()
         self._synced.set()
         log.info(
             "informer listed",
@@ -266,6 +312,7 @@ class Informer:
         async with contextlib.aclosing(events):
             async for event in events:
                 self._progressed = True
+                self._heard()
                 if event.type in EVENT_TYPES:
                     try:
                         self._on_event(event.type, event.object)
@@ -281,16 +328,21 @@ class Informer:
                 if resource_version:
                     self._resource_version = resource_version
 
-    def _log(self, what: str, reason: str, **extra: object) -> None:
-        log.info(
-            f"informer {what}",
-            extra=logs.fields(
-                path=self._path,
-                reason=reason,
-                resource_version=self._resource_version,
-                **extra,
-            ),
-        )
+    def _heard(self) -> None:
+        """kube-apiserver spoke on this informer just now."""
+        now = self._clock.monotonic()
+        if self._failing:
+            self._failing = False
+            log.info(
+                "informer recovered",
+                extra=logs.fields(
+                    path=self._path,
+                    resource=self.resource,
+                    age_s=round(now - self._heard_at, 3),
+                    resource_version=self._resource_version,
+                ),
+            )
+        self._heard_at = now
 
 
 class CallbackError(Exception):

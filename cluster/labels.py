@@ -52,7 +52,9 @@ KUEUE_ADMISSION_GATE: Final[str] = "kueue.x-k8s.io/admission"
 
 # ---------------------------------------------------------------- written by the extender
 GPU_INDICES: Final[str] = "tessera.dev/gpu-indices"
-"""Annotation on bound pods: GPU indices taken on the node (``0,1,2,3``; a share: one)."""
+"""Annotation on bound pods: GPU indices taken on the node (``0,1,2,3``; a share: one).
+Sent in the Binding's own annotations, which kube-apiserver copies onto the pod as it
+binds it: the extender never patches pods."""
 
 # ---------------------------------------------------------------- read from nodes
 GFD_PRODUCT: Final[str] = "nvidia.com/gpu.product"

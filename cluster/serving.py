@@ -123,11 +123,12 @@ def add_probes(
     app: web.Application,
     *,
     ready: Callable[[], bool],
-    not_ready: str,
+    not_ready: str | Callable[[], str],
     exposition: Callable[[], bytes],
 ) -> None:
-    """``GET /healthz`` (the process answers), ``/readyz`` (503 with ``not_ready`` until
-    ``ready()``) and ``/metrics`` (Prometheus text from ``exposition()``)."""
+    """``GET /healthz`` (the process answers), ``/readyz`` (503 with ``not_ready``, or
+    what ``not_ready()`` says at that moment, until ``ready()``) and ``/metrics``
+    (Prometheus text from ``exposition()``)."""
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -135,7 +136,8 @@ def add_probes(
     async def readyz(request: web.Request) -> web.Response:
         if ready():
             return web.Response(text="ok")
-        return web.Response(status=NOT_READY, text=not_ready)
+        reason = not_ready if isinstance(not_ready, str) else not_ready()
+        return web.Response(status=NOT_READY, text=reason)
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})

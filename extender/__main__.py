@@ -93,6 +93,13 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
     )
     flag("assume-ttl", dest="assume_ttl_s", type=float, help="seconds a bind stays assumed")
     flag("bind-timeout", dest="bind_timeout_s", type=float, help="API budget of one bind (s)")
+    flag(
+        "max-cache-age",
+        dest="max_cache_age_s",
+        type=float,
+        help="seconds since kube-apiserver was last heard on the node or pod watch before "
+        "the cache is stale: not ready, and no filter or bind from it (default 30; 0: never)",
+    )
     flag("log-level", help="DEBUG, INFO, WARNING (default INFO)")
     switch("log-json", "log one JSON object per line")
     args = parser.parse_args(argv)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import re
 import ssl
@@ -66,27 +67,35 @@ class Server:
             return response.status, await response.text()
 
 
-async def start(material: Material, store: PolicyStore) -> tuple[web.AppRunner, str]:
+@contextlib.asynccontextmanager
+async def started(material: Material, store: PolicyStore) -> AsyncIterator[Server]:
+    """The webhook over TLS on a loopback port and a client trusting its CA, for the
+    block. Both are closed however the block ends: a test that skips (no captures) or
+    fails half-way must not leave a listening socket for the collector to find in some
+    later test, where ``filterwarnings = error`` makes its ResourceWarning that test's
+    error."""
     settings = WebhookSettings(managed_namespaces=frozenset({"team-nlp"}))
     app = create_app(settings, store=store, clock=ManualClock())
     runner = web.AppRunner(app)
     await runner.setup()
-    reloader = CertReloader(material["webhook.crt"], material["webhook.key"])
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=reloader.context)
-    await site.start()
-    port = runner.addresses[0][1]
-    return runner, f"https://localhost:{port}"
+    try:
+        reloader = CertReloader(material["webhook.crt"], material["webhook.key"])
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=reloader.context)
+        await site.start()
+        port = runner.addresses[0][1]
+        connector = aiohttp.TCPConnector(ssl=client_context(material["ca.crt"]))
+        async with aiohttp.ClientSession(connector=connector) as session:
+            yield Server(f"https://localhost:{port}", session, store)
+    finally:
+        await runner.cleanup()
 
 
 @pytest.fixture
 async def server(material: Material) -> AsyncIterator[Server]:
     store = PolicyStore(ManualClock())
     store.load_file(str(POLICY))
-    runner, url = await start(material, store)
-    connector = aiohttp.TCPConnector(ssl=client_context(material["ca.crt"]))
-    async with aiohttp.ClientSession(connector=connector) as session:
-        yield Server(url, session, store)
-    await runner.cleanup()
+    async with started(material, store) as running:
+        yield running
 
 
 def decoded_patch(response: dict[str, Any]) -> list[dict[str, Any]]:
@@ -165,10 +174,7 @@ async def test_a_10_mb_body_is_refused_quickly_and_the_server_lives_on(server: S
 
 async def test_not_ready_until_the_policy_is_synced(material: Material) -> None:
     store = PolicyStore(ManualClock())
-    runner, url = await start(material, store)
-    connector = aiohttp.TCPConnector(ssl=client_context(material["ca.crt"]))
-    async with aiohttp.ClientSession(connector=connector) as session:
-        client = Server(url, session, store)
+    async with started(material, store) as client:
         assert (await client.get("/readyz"))[0] == 503
         status, answer = await client.post(jsonio.dumps(captured_job_review()))
         assert status == 503
@@ -176,7 +182,6 @@ async def test_not_ready_until_the_policy_is_synced(material: Material) -> None:
         store.load_file(str(POLICY))
         assert (await client.get("/readyz"))[0] == 200
         assert (await client.post(jsonio.dumps(captured_job_review())))[0] == 200
-    await runner.cleanup()
 
 
 async def test_metrics_count_reviews_by_decision(server: Server) -> None:

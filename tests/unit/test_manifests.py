@@ -266,15 +266,18 @@ def test_match_conditions_look_for_a_queue_label_or_a_gpu_in_every_kind() -> Non
                 assert f"'{resource_name}' in c.resources.{part}" in expression
                 assert f"has(c.resources.{part})" in expression
         assert expression.count("(") == expression.count(")")
-    assert set(conditions) == {
-        *paths,
-        "not-made-by-a-job-controller",
-        "not-from-the-tessera-scheduler",
-    }
-    assert (
-        f"system:serviceaccount:{NAMESPACE}:{SCHEDULER_SA}"
-        in conditions["not-from-the-tessera-scheduler"]
-    )
+    assert set(conditions) == {*paths, "not-made-by-a-job-controller"}
+
+
+def test_binding_a_pod_never_waits_on_the_webhook() -> None:
+    """The scheduler pod writes pods only through subresources (``pods/binding``, which
+    also carries the extender's GPU annotation; ``pods/status``), which the webhook's
+    ``pods`` rule does not match: no condition about who is asking is needed."""
+    config = webhook()
+    for rule in config["rules"]:
+        assert not any("/" in resource for resource in rule["resources"]), rule
+    for condition in config["matchConditions"]:
+        assert "userInfo" not in condition["expression"], condition["name"]
 
 
 def test_only_objects_from_a_job_controller_naming_it_as_controller_skip_the_webhook() -> None:
@@ -378,10 +381,12 @@ def test_the_webhook_only_reads_kueue_queue_objects_and_the_owners_of_pods_and_j
     }
 
 
-def test_the_extender_watches_nodes_and_pods_binds_and_annotates_nothing_more() -> None:
+def test_the_extender_watches_nodes_and_pods_and_binds_nothing_more() -> None:
+    """No ``patch`` or ``update`` on pods: the GPU annotation travels in the Binding.
+    Whoever may patch any pod may change any pod's image."""
     assert rules(one("ClusterRole", "tessera-extender")) == {
         (("",), ("nodes",), ("get", "list", "watch"), ()),
-        (("",), ("pods",), ("get", "list", "patch", "watch"), ()),
+        (("",), ("pods",), ("get", "list", "watch"), ()),
         (("",), ("pods/binding",), ("create",), ()),
     }
 
