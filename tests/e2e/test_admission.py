@@ -113,7 +113,7 @@ REFUSALS = {
         (
             f"LocalQueue 'trainng' (label {labels.QUEUE_NAME}) does not exist in namespace "
             f"{NAMESPACE}",
-            f"queues in namespace {NAMESPACE}: {QUEUE}",
+            f"queues in namespace {NAMESPACE}: lender, tas, {QUEUE}",
         ),
     ),
     "over quota": Refusal(

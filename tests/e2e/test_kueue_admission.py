@@ -22,24 +22,16 @@ from typing import Any
 
 import pytest
 
-from cluster import jsonio, labels
+from cluster import labels
 from tests.e2e.fixtures.cluster import E2ECluster, Placement, gpu_conflicts
 from tests.e2e.fixtures.fleet import CAPACITY
-from tests.e2e.fixtures.jobs import NAMESPACE, QUEUE, gpu_job, to_yaml
+from tests.e2e.fixtures.jobs import NAMESPACE, QUEUE, gpu_job
 
 pytestmark = pytest.mark.e2e
 
 TRAINING_CQ = "e2e-training"
 TESSERA_FLAVORS = {"e2e-h100-reserved": "reserved", "e2e-h100-spot": "spot"}
 """The flavors queue ``training`` may use, and the capacity label of their nodes."""
-
-
-def create(e2e: E2ECluster, job: dict[str, Any]) -> dict[str, Any]:
-    """``kubectl create`` as a user runs it; the object as kube-apiserver stored it."""
-    done = e2e.kubectl("create", "-f", "-", "-o", "json", stdin=to_yaml(job), check=False)
-    assert done.returncode == 0, done.stderr
-    stored: dict[str, Any] = jsonio.loads(done.stdout)
-    return stored
 
 
 def gpu_flavor(workload: dict[str, Any]) -> str:
@@ -55,7 +47,7 @@ def test_a_job_created_unsuspended_is_admitted_by_kueue_and_placed_by_the_extend
     job = gpu_job("kueue-finetune", pods=2, gpus=4)
     assert "suspend" not in job["spec"]
 
-    stored = create(e2e, job)
+    stored = e2e.create_stored(job)
 
     # held for Kueue, and mutated by Tessera
     assert stored["spec"]["suspend"] is True
@@ -90,7 +82,7 @@ def test_kueues_webhook_holds_a_queued_job_that_tessera_leaves_alone(e2e: E2EClu
     job = gpu_job("kueue-cpu-only", pods=1)
     job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] = {}
 
-    stored = create(e2e, job)
+    stored = e2e.create_stored(job)
 
     assert stored["spec"]["suspend"] is True
     assert labels.PRIORITY_CLASS not in stored["metadata"].get("labels", {})
@@ -113,10 +105,10 @@ def test_a_job_over_the_free_quota_waits_and_runs_when_the_first_finishes(
     e2e = scheduling
     # 32 reserved GPUs nominal + 8 borrowable, 8 spot: the first takes the 32, the second
     # (16) fits in neither what is left of reserved nor spot
-    create(e2e, gpu_job("quota-first", pods=4, gpus=8))
+    e2e.create_stored(gpu_job("quota-first", pods=4, gpus=8))
     e2e.wait_admitted("quota-first")
     first = e2e.wait_bound("quota-first", 4)
-    create(e2e, gpu_job("quota-second", pods=2, gpus=8))
+    e2e.create_stored(gpu_job("quota-second", pods=2, gpus=8))
 
     reason = e2e.api.wait(
         "Kueue to say why quota-second waits", lambda: pending_reason(e2e, "quota-second")
@@ -173,9 +165,9 @@ def test_at_quiescence_kueues_usage_equals_the_gpus_the_extender_allocated(
     scheduling: E2ECluster,
 ) -> None:
     e2e = scheduling
-    create(e2e, gpu_job("tally-gang", pods=3, gpus=4))
-    create(e2e, gpu_job("tally-single", gpus=1))
-    create(e2e, gpu_job("tally-share", gpu_milli=250))
+    e2e.create_stored(gpu_job("tally-gang", pods=3, gpus=4))
+    e2e.create_stored(gpu_job("tally-single", gpus=1))
+    e2e.create_stored(gpu_job("tally-share", gpu_milli=250))
     for job, pods in (("tally-gang", 3), ("tally-single", 1), ("tally-share", 1)):
         e2e.wait_admitted(job)
         e2e.wait_bound(job, pods)
