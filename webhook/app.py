@@ -3,6 +3,11 @@
 Layer: ROOT. ``create_app(settings, ...)`` builds everything into typed app keys; the
 handlers only read the body, call the pure ``review_flow`` and write its answer. Must not
 read the environment (``__main__`` does) or hold module-level state.
+
+Each review's deadline is the ``?timeout=`` kube-apiserver sends (``cluster.guard`` stamps
+it from the review's first byte): one that is already too late, before or after its body
+is read, is answered 504 at once instead of being decided. That is an error, never an
+``allowed`` answer: kube-apiserver applies the webhook's ``failurePolicy``.
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ from aiohttp import web
 
 from cluster import jsonio, serving
 from cluster.clock import Clock, SystemClock
+from cluster.deadline import asked_timeout
+from cluster.guard import ConnectionGuard, TimeoutOf
 from cluster.kube import KubeClient, KubeConfig
 from webhook.metrics import WebhookMetrics
 from webhook.policy import AdmitConfig
 from webhook.review_flow import review
-from webhook.settings import WebhookSettings
+from webhook.settings import MAX_TIMEOUT_S, WebhookSettings
 from webhook.source import PolicyStore, watch_policy
 
 SETTINGS = web.AppKey("settings", WebhookSettings)
@@ -42,12 +49,27 @@ def _bad_request(reason: str) -> web.Response:
     return web.Response(status=400, body=jsonio.dumps(body), content_type=JSON)
 
 
+def review_timeout(settings: WebhookSettings) -> TimeoutOf:
+    """How long kube-apiserver waits for a review: its ``?timeout=`` (a Go duration,
+    at most ``MAX_TIMEOUT_S``), else ``request_timeout_s``; nothing else has a deadline."""
+    default = settings.request_timeout_s
+
+    def timeout_of(request: web.Request) -> float | None:
+        if request.path != "/mutate":
+            return None
+        return asked_timeout(request.query.get("timeout"), default_s=default, max_s=MAX_TIMEOUT_S)
+
+    return timeout_of
+
+
 def mutate_handler(
     settings: WebhookSettings,
     store: PolicyStore,
     config: AdmitConfig,
     clock: Clock,
     metrics: WebhookMetrics,
+    *,
+    guard: ConnectionGuard,
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """``POST /mutate``, with what it needs bound once rather than looked up per request."""
     limit = settings.max_body_bytes
@@ -60,6 +82,9 @@ def mutate_handler(
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _bad_request(f"request body exceeds {limit} bytes")
+        late = guard.answer_if_late(request)
+        if late is not None:
+            return late
         start = clock.monotonic()
         outcome = review(body, store.current(), config)
         metrics.observe(outcome, clock.monotonic() - start)
@@ -108,8 +133,16 @@ def create_app(
     app[STORE] = store
     app[METRICS] = WebhookMetrics(store.age_s)
     app[serving.GC_PAUSES] = app[METRICS].gc_pauses
+    guard = serving.guard_app(
+        app,
+        limits=settings.limits(),
+        clock=clock,
+        timeout_of=review_timeout(settings),
+        registry=app[METRICS].registry,
+        prefix="tessera_webhook",
+    )
     app.router.add_post(
-        "/mutate", mutate_handler(settings, store, app[CONFIG], clock, app[METRICS])
+        "/mutate", mutate_handler(settings, store, app[CONFIG], clock, app[METRICS], guard=guard)
     )
     serving.add_probes(
         app,

@@ -39,6 +39,7 @@ from cluster.convert import pod_from_json
 from cluster.feed import NODES_PATH, PODS_PATH
 from cluster.labels import GPU_INDICES
 from cluster.model import Allocation, PodKey
+from cluster.serving import EXPOSITION, metrics_app, running
 from cluster.tls import CertReloader, client_context
 from extender import wire
 from extender.app import CACHE, create_app
@@ -133,6 +134,7 @@ class Extender:
     url: str
     session: aiohttp.ClientSession
     app: web.Application
+    metrics_url: str = ""
 
     @property
     def cache(self) -> ClusterCache:
@@ -148,6 +150,12 @@ class Extender:
     async def get(self, path: str) -> tuple[int, str]:
         async with self.session.get(self.url + path) as response:
             return response.status, await response.text()
+
+    async def metrics(self) -> str:
+        """The metrics page, from the listener of its own (never the serving port)."""
+        async with self.session.get(self.metrics_url + "/metrics", ssl=False) as response:
+            assert response.status == 200
+            return await response.text()
 
     async def replay(self, capture: str) -> tuple[int, Any]:
         """A captured request as kube-scheduler sent it: path, body and its headers."""
@@ -173,19 +181,17 @@ async def serving(
     binder: Binder | None = None,
     clock: ManualClock | None = None,
 ) -> AsyncIterator[Extender]:
-    app = create_app(settings, cache=cache, binder=binder, clock=clock or ManualClock(NOW))
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls)
-        await site.start()
-        port = runner.addresses[0][1]
+    clock = clock or ManualClock(NOW)
+    app = create_app(settings, cache=cache, binder=binder, clock=clock)
+    metrics = metrics_app(app[EXPOSITION], clock)
+    async with (
+        running(app, "127.0.0.1", 0, server_tls, shutdown_grace_s=1.0) as port,
+        running(metrics, "127.0.0.1", 0) as metrics_port,
+    ):
         url = f"https://localhost:{port}" if server_tls else f"http://127.0.0.1:{port}"
         connector = aiohttp.TCPConnector(limit=20, ssl=client_tls or True)
         async with aiohttp.ClientSession(connector=connector) as session:
-            yield Extender(url, session, app)
-    finally:
-        await runner.cleanup()
+            yield Extender(url, session, app, f"http://127.0.0.1:{metrics_port}")
 
 
 @dataclass
@@ -637,11 +643,11 @@ async def test_metrics_report_verbs_reasons_assumptions_and_gpus(tmp_path: Path)
             await gate.entered.wait()
         await ext.post("/filter", filter_args(first, ["gpu-a", "gpu-b"]))
         await ext.post("/filter", b"garbage")
-        _, while_binding = await ext.get("/metrics")
+        while_binding = await ext.metrics()
         gate.release.set()
         await binding
         await ext.post("/bind", bind_args(second, "gpu-a"))
-        _, text = await ext.get("/metrics")
+        text = await ext.metrics()
 
     assert "tessera_extender_assumed_pods 1.0" in while_binding
     assert "tessera_extender_assumed_pods 0.0" in text
@@ -693,7 +699,7 @@ async def scraped(ext: Extender, name: str, value: float) -> str:
     """The first /metrics page where gauge ``name`` shows ``value``."""
     async with asyncio.timeout(WAIT_S):
         while True:
-            _, text = await ext.get("/metrics")
+            text = await ext.metrics()
             if gauge(text, name) == value:
                 return text
             # the mix is only visible as Prometheus scrapes it: poll
@@ -707,7 +713,7 @@ async def test_a_server_packs_for_the_pod_mix_its_cluster_runs(tmp_path: Path, m
     # enough for two of the cluster's 12-core pods; on gpu-b all seven stay usable
     heavy = pod_json("heavy-0", gpus=1, cpu="24")
     async with serving(settings, cache=cache, clock=clock) as ext:
-        _, text = await ext.get("/metrics")
+        text = await ext.metrics()
         status, answer = await ext.post("/prioritize", filter_args(heavy, ["gpu-a", "gpu-b"]))
 
     assert status == 200
@@ -771,7 +777,7 @@ async def test_the_mix_is_learned_again_as_the_workload_changes(
         tmp_path, mostly_single_gpu_cluster(), pod_mix_interval_s=0.05
     )
     async with serving(settings, cache=cache, clock=clock) as ext:
-        assert gauge((await ext.get("/metrics"))[1], "tessera_extender_pod_mix_sizes") == 2
+        assert gauge(await ext.metrics(), "tessera_extender_pod_mix_sizes") == 2
         # what the watch would add: a wave of 8-GPU jobs
         for i in range(12):
             cache.upsert_pod(pod_from_json(pod_json(f"big-{i}", gpus=8, cpu="96")))
@@ -952,7 +958,7 @@ def test_main_without_a_usable_cluster_source_says_which(
 async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
     material: Material, tmp_path: Path
 ) -> None:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     context = client_context(
         material["ca.crt"], material["kube-scheduler.crt"], material["kube-scheduler.key"]
     )
@@ -968,12 +974,20 @@ async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
         str(material["ca-bundle.crt"]),
         "--cluster-file",
         str(capture_cluster(tmp_path)),
-        env=main_env(TESSERA_EXTENDER_TOPOLOGY_LEVELS=LEVELS_TEXT),
+        env=main_env(
+            TESSERA_EXTENDER_TOPOLOGY_LEVELS=LEVELS_TEXT,
+            TESSERA_EXTENDER_METRICS_PORT=str(metrics_port),
+        ),
     ) as server:
         connector = aiohttp.TCPConnector(ssl=context)
         async with aiohttp.ClientSession(connector=connector) as session:
             await wait_ready(session, f"https://localhost:{port}/readyz")
-            ext = Extender(f"https://localhost:{port}", session, web.Application())
+            ext = Extender(
+                f"https://localhost:{port}",
+                session,
+                web.Application(),
+                f"http://127.0.0.1:{metrics_port}",
+            )
             assert await ext.replay("008-ext-cache-filter") == (
                 200,
                 captured("009-ext-cache-filter-response.json"),
@@ -982,7 +996,8 @@ async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
                 200,
                 captured("017-ext-cache-bind-response.json"),
             )
-            _, metrics = await ext.get("/metrics")
+            assert (await ext.get("/metrics"))[0] == 404
+            metrics = await ext.metrics()
         assert await server.stop() == 0
     # the full collection made before serving, whose survivors are kept out of later ones
     full = re.search(r'tessera_extender_gc_pause_seconds_count{generation="2"} (\S+)', metrics)
