@@ -14,6 +14,13 @@ fails the assumption is forgotten and kube-scheduler gets ``Error``. The one exc
 a bind that may have landed (the connection broke and the pod could not be read back):
 its GPUs stay assumed until the watch shows the truth or the assumption expires.
 
+Every verb's deadline is kube-scheduler's ``httpTimeout`` (``request_timeout_s``) from
+its request's first byte (``cluster.guard``): a request that is already too late once
+its body is read is answered 504 without a decision, since kube-scheduler has given up
+on it. For ``/bind`` that check comes before anything is planned or assumed, so a bind
+is refused whole or carried out whole, never dropped half done; kube-scheduler retries
+a refused one.
+
 Packing judges a node by the pods the cluster runs (``ExtenderConfig.pod_mix``). With
 ``pod_mix=learned`` a background task counts the cache's pods into that mix: before the
 first request when a cluster file is loaded, right after the informers have listed, then
@@ -170,16 +177,22 @@ def _not_ready() -> web.Response:
 
 
 def _early(request: web.Request, body: bytes | web.Response) -> web.Response | None:
-    """The answer when there is nothing to decide: unreadable body, cache not synced."""
+    """The answer when there is nothing to decide: unreadable body, too late, cache not
+    synced."""
     if isinstance(body, web.Response):
         return body
+    late = request.app[serving.GUARD].answer_if_late(request)
+    if late is not None:
+        return late
     if not request.app[SOURCE].synced:
         return _not_ready()
     return None
 
 
 def _result(response: web.Response) -> str:
-    return "bad_request" if response.status == verbs.BAD_REQUEST else "not_ready"
+    if response.status == verbs.BAD_REQUEST:
+        return "bad_request"
+    return "not_ready" if response.status == NOT_READY else "shed"
 
 
 # ---------------------------------------------------------------- the four verbs
@@ -531,6 +544,15 @@ def create_app(
     app[METRICS] = ExtenderMetrics(cache.counters)
     app[METRICS].pod_mix(len(config.pod_mix), 0, changed=False)
     app[serving.GC_PAUSES] = app[METRICS].gc_pauses
+    timeout = settings.request_timeout_s
+    serving.guard_app(
+        app,
+        limits=settings.limits(),
+        clock=clock,
+        timeout_of=lambda request: timeout if request.method == "POST" else None,
+        registry=app[METRICS].registry,
+        prefix="tessera_extender",
+    )
     source = Source()
     app[SOURCE] = source
     if settings.cluster_file is not None:

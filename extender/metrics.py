@@ -154,7 +154,8 @@ class ExtenderMetrics:
         self.requests = Counter(
             "tessera_extender_decisions",
             "Requests answered, by verb and result (ok, error: HTTP 200 with Error, "
-            "refused: bind said no before any API call, bad_request, not_ready).",
+            "refused: bind said no before any API call, bad_request, not_ready, shed: "
+            "too late for kube-scheduler's httpTimeout, answered 504 undecided).",
             ("verb", "result"),
             registry=self.registry,
         )

@@ -38,8 +38,8 @@ from cluster.clock import ManualClock
 from cluster.convert import pod_from_json
 from cluster.feed import NODES_PATH, PODS_PATH
 from cluster.labels import GPU_INDICES
-from cluster.model import Allocation, PodKey
-from cluster.serving import EXPOSITION, metrics_app, running
+from cluster.model import Allocation, NodeName, PodKey
+from cluster.serving import EXPOSITION, GUARD, metrics_app, running
 from cluster.tls import CertReloader, client_context
 from extender import wire
 from extender.app import CACHE, create_app
@@ -406,6 +406,64 @@ async def test_a_bind_repeated_while_under_way_waits_for_the_first(
         gate.release.set()
         assert await first == await again == (200, {"Error": ""})
     assert len(gate.calls) == 1
+
+
+# ---------------------------------------------------------------- kube-scheduler's httpTimeout
+
+
+async def send_slowly(ext: Extender, path: str, body: bytes, meanwhile: Callable[[], None]) -> Any:
+    """POST ``body`` in two parts; ``meanwhile`` runs once the request is under way."""
+    port = int(ext.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    writer.write(head.encode() + body[:10])
+    await eventually(lambda: ext.app[GUARD].in_flight == 1, "the request is under way")
+    meanwhile()
+    writer.write(body[10:])
+    status_line = await reader.readline()
+    headers = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+    length = int(headers.split("content-length:")[1].split("\r\n")[0])
+    answer = jsonio.loads(await reader.readexactly(length))
+    writer.close()
+    return int(status_line.split()[1]), answer
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "bind"])
+async def test_a_verb_too_late_for_kube_scheduler_is_answered_504_undecided(
+    tmp_path: Path, verb: str
+) -> None:
+    pod = pod_json("train-0", gpus=8)
+    settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a"), pod])
+    gate = GatedBinder(MemoryBinder(cache))
+    body = bind_args(pod, "gpu-a") if verb == "bind" else filter_args(pod, ["gpu-a"])
+    async with serving(settings, cache=cache, binder=gate, clock=clock) as ext:
+        # kube-scheduler waits httpTimeout (5 s) from when it sent the request
+        status, answer = await send_slowly(ext, f"/{verb}", body, lambda: clock.advance(5.0))
+        text = await ext.metrics()
+    assert status == 504
+    assert answer["reason"] == "Timeout"
+    assert f'tessera_extender_decisions_total{{result="shed",verb="{verb}"}} 1.0' in text
+    assert 'tessera_extender_shed_requests_total{reason="deadline"} 1.0' in text
+    # a bind refused whole: nothing planned, assumed or posted
+    assert gate.calls == []
+    assert cache.counters().assumed == 0
+    assert cache.snapshot().nodes[NodeName("gpu-a")].whole_free == 8
+
+
+async def test_a_bind_under_way_when_its_deadline_passes_is_carried_out_whole(
+    tmp_path: Path,
+) -> None:
+    pod = pod_json("train-0", gpus=8)
+    settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a"), pod])
+    gate = GatedBinder(MemoryBinder(cache))
+    async with serving(settings, cache=cache, binder=gate, clock=clock) as ext:
+        binding = asyncio.create_task(ext.post("/bind", bind_args(pod, "gpu-a")))
+        async with asyncio.timeout(WAIT_S):
+            await gate.entered.wait()
+        clock.advance(60)  # long past kube-scheduler's patience: the bind is half done
+        gate.release.set()
+        assert await binding == (200, {"Error": ""})
+    assert [p.pod.key for p in gate.calls] == [key_of(pod)]
 
 
 # ---------------------------------------------------------------- racing binds
