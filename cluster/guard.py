@@ -121,10 +121,10 @@ _PHRASES: Final = {429: "Too Many Requests", 431: "Request Header Fields Too Lar
 
 
 def _raw_answer(code: int, body: bytes, *, close: bool) -> bytes:
+    closing = "Connection: close\r\n" if close else ""
     head = (
         f"HTTP/1.1 {code} {_PHRASES[code]}\r\nContent-Type: {JSON}\r\n"
-        f"Content-Length: {len(body)}\r\n{'Connection: close' + chr(13) + chr(10) if close else ''}"
-        "\r\n"
+        f"Content-Length: {len(body)}\r\n{closing}\r\n"
     )
     return head.encode() + body
 
@@ -400,6 +400,8 @@ class _Connection(asyncio.Protocol):
         self.answer = b""
         """SKIPPING: what to write once the body is dropped."""
         self.cut_off = False
+        self.paused = False
+        """Reading paused by the guard (``_pause``)."""
 
     # ------------------------------------------------------------ asyncio.Protocol
 
@@ -476,6 +478,8 @@ class _Connection(asyncio.Protocol):
             if self.buf:
                 held, self.buf = bytes(self.buf), bytearray()
                 self.inner.data_received(held)
+        elif self.state is _State.OPAQUE:
+            self._disarm()  # the answer is out; aiohttp closes the connection
         elif self.state is _State.PASSING:
             self.ended = True
             if self.left == 0:
@@ -507,7 +511,7 @@ class _Connection(asyncio.Protocol):
                 self._refuse(head, reason)
                 continue
             need = self.guard._need(head)
-            if not self.guard._reserve(need):
+            if need and not self.guard._reserve(need):
                 self._wait_for_budget()
                 return
             self._pass(head, need)
@@ -537,6 +541,8 @@ class _Connection(asyncio.Protocol):
         self.left -= taken
         if taken < len(data):
             self.buf += data[taken:]
+            if len(self.buf) > self.guard.limits.max_head_bytes:
+                self._pause()  # a pipelining client waits for its answers
         if self.left == 0:
             self._disarm()
         if taken:
@@ -552,6 +558,7 @@ class _Connection(asyncio.Protocol):
         if self.guard.draining:
             self._close()
             return
+        self._resume()
         if self.buf:
             self._stamp()
             self._read_heads()
@@ -608,15 +615,13 @@ class _Connection(asyncio.Protocol):
     def _wait_for_budget(self) -> None:
         self.state = _State.WAITING
         self.guard._waiting.append(self)
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._pause()
         self._arm(self.guard.limits.budget_wait_s, self._budget_timed_out)
 
     def granted(self, reserved: int) -> None:
         """The guard reserved this head's body: hand it on."""
         self._disarm()
-        if self.transport is not None:
-            self.transport.resume_reading()
+        self._resume()
         self._pass(cast(Head, self.head), reserved)
 
     def _budget_timed_out(self) -> None:
@@ -625,8 +630,7 @@ class _Connection(asyncio.Protocol):
             return
         self.guard._waiting.remove(self)
         self.state = _State.HEAD
-        if self.transport is not None:
-            self.transport.resume_reading()
+        self._resume()
         self._refuse(cast(Head, self.head), "body_budget")
         self._read_heads()
 
@@ -677,6 +681,19 @@ class _Connection(asyncio.Protocol):
         self._abort()
 
     # ------------------------------------------------------------ the transport
+
+    def _pause(self) -> None:
+        """Stop reading (what aiohttp pauses for its own buffers it resumes itself; this
+        is for what the guard holds: a head waiting for the budget, pipelined bytes)."""
+        # again even when paused already: aiohttp may have resumed it meanwhile
+        if self.transport is not None and not self.transport.is_closing():
+            self.paused = True
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self.paused and self.transport is not None and not self.transport.is_closing():
+            self.paused = False
+            self.transport.resume_reading()
 
     def _write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
