@@ -16,6 +16,7 @@ import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from cluster.clock import ManualClock
 from cluster.tls import CertReloader, client_context
 from loadtest.pinned import free_port
 from tests.certfiles import Material, make_material
-from tests.processes import server_main, wait_ready
+from tests.processes import ServerProcess, server_main, wait_ready
 from webhook.app import create_app
 from webhook.patch import apply_patch
 from webhook.settings import WebhookSettings
@@ -345,9 +346,27 @@ async def refused(port: int) -> None:
             await asyncio.sleep(0.05)
 
 
+async def under_way(metrics_url: str, requests: int) -> None:
+    """Until the server's metrics show ``requests`` under way (bounded)."""
+    wanted = f"tessera_webhook_requests_in_flight {float(requests)}"
+    async with aiohttp.ClientSession() as session, asyncio.timeout(30):
+        while True:
+            async with session.get(metrics_url + "/metrics") as response:
+                if wanted in (await response.text()).splitlines():
+                    return
+            await asyncio.sleep(0.05)
+
+
+@dataclass
+class Main:
+    port: int
+    metrics_url: str
+    process: ServerProcess
+
+
 @contextlib.asynccontextmanager
-async def webhook_main(material: Material, *args: str) -> AsyncIterator[tuple[int, Any]]:
-    port = free_port()
+async def webhook_main(material: Material, *args: str) -> AsyncIterator[Main]:
+    port, metrics_port = free_port(), free_port()
     async with server_main(
         "webhook",
         "--host",
@@ -360,12 +379,14 @@ async def webhook_main(material: Material, *args: str) -> AsyncIterator[tuple[in
         str(material["webhook.key"]),
         "--policy-file",
         str(POLICY),
+        "--metrics-port",
+        str(metrics_port),
         *args,
     ) as server:
         context = client_context(material["ca.crt"])
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
             await wait_ready(session, f"https://localhost:{port}/readyz")
-        yield port, server
+        yield Main(port, f"http://127.0.0.1:{metrics_port}", server)
 
 
 async def test_sigterm_stops_accepting_and_lets_the_review_under_way_finish(
@@ -374,24 +395,25 @@ async def test_sigterm_stops_accepting_and_lets_the_review_under_way_finish(
     body = jsonio.dumps(captured_job_review())
     start, rest = raw_review(body)
     context = client_context(material["ca.crt"])
-    async with webhook_main(material, "--shutdown-grace", "20") as (port, server):
-        under_way = await asyncio.open_connection(
-            "127.0.0.1", port, ssl=context, server_hostname="localhost"
+    async with webhook_main(material, "--shutdown-grace", "20") as main:
+        server = main.process
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", main.port, ssl=context, server_hostname="localhost"
         )
         idle = await asyncio.open_connection(
-            "127.0.0.1", port, ssl=context, server_hostname="localhost"
+            "127.0.0.1", main.port, ssl=context, server_hostname="localhost"
         )
-        under_way[1].write(start)
-        await asyncio.sleep(0.2)  # the head is in before the signal (no event to wait on)
+        writer.write(start)
+        await under_way(main.metrics_url, 1)
         server.process.send_signal(signal.SIGTERM)
-        await refused(port)
+        await refused(main.port)
         async with asyncio.timeout(10):
             assert await idle[0].read() == b""  # an idle keep-alive connection is closed
-        under_way[1].write(rest)
+        writer.write(rest)
         async with asyncio.timeout(10):
-            status_line = await under_way[0].readline()
+            status_line = await reader.readline()
         assert status_line.startswith(b"HTTP/1.1 200")
-        under_way[1].close()
+        writer.close()
         idle[1].close()
         async with asyncio.timeout(10):
             assert await server.process.wait() == 0
@@ -404,15 +426,13 @@ async def test_sigterm_gives_up_on_a_stalled_review_after_the_grace(material: Ma
     body = jsonio.dumps(captured_job_review())
     start, _ = raw_review(body)
     context = client_context(material["ca.crt"])
-    async with webhook_main(material, "--shutdown-grace", "1", "--body-timeout", "60") as (
-        port,
-        server,
-    ):
+    async with webhook_main(material, "--shutdown-grace", "1", "--body-timeout", "60") as main:
+        server = main.process
         _, writer = await asyncio.open_connection(
-            "127.0.0.1", port, ssl=context, server_hostname="localhost"
+            "127.0.0.1", main.port, ssl=context, server_hostname="localhost"
         )
         writer.write(start)
-        await asyncio.sleep(0.2)  # the head is in before the signal (no event to wait on)
+        await under_way(main.metrics_url, 1)
         loop = asyncio.get_running_loop()
         signalled = loop.time()
         server.process.send_signal(signal.SIGTERM)
