@@ -42,6 +42,7 @@ loadtest: $(STAMP) ## the load-test tool's modes and examples (see README, "Load
 e2e-assets: ## build or fetch the e2e control plane (Kubernetes v1.36.3, etcd, Kueue CRDs) into ~/.cache/tessera
 	tests/e2e/build_binaries.sh >/dev/null
 	tests/e2e/build_binaries.sh crds >/dev/null
+	tests/e2e/build_binaries.sh kueue >/dev/null
 
 e2e: $(STAMP) e2e-assets ## the end-to-end suite against a real control plane
 	$(BIN)/python -m pytest tests/e2e -m e2e

@@ -330,7 +330,7 @@ class ClusterCache:
             return
         if node.problems and (old is None or old.problems != node.problems):
             log.warning(
-                "node annotations ignored",
+                "node values ignored",
                 extra=logs.fields(node=node.name, problems=list(node.problems)),
             )
         self._base[node.name] = node

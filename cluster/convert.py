@@ -22,6 +22,12 @@ Decisions a reader might otherwise have to guess, all visible in ``problems``:
 * ``tessera.dev/gpu-milli`` of 1000 or more, or together with ``nvidia.com/gpu``: the
   share is counted as whole GPUs (``ceil(milli / 1000)`` more), so that a pod someone
   else bound is never under-counted; the webhook rejects such pods with ``pod_demand``.
+* A GPU request that is no count of GPUs (``nvidia.com/gpu`` or ``tessera.dev/gpu-milli``
+  negative, not a number, a fraction of a unit, or more than a node can have) is not
+  read as no GPUs, which every node would fit: it is a ``refusal`` (``DemandReading``,
+  ``PodInfo``), and the extender places the pod nowhere, saying which request and why.
+* A node's ``nvidia.com/gpu`` that is no count of GPUs (negative, not a number, a
+  fraction, more than ``MAX_GPUS_PER_NODE``) means the node offers none.
 * A gang label without a readable ``tessera.dev/gang-size`` is no gang (the pod is
   scheduled alone); a bad ``tessera.dev/gang-min`` means all members.
 * ``tessera.dev/gpu-indices`` that does not name exactly as many GPUs as the pod asks
@@ -39,6 +45,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from cluster import labels as keys
+from cluster.echo import echo
 from cluster.model import (
     MILLI_PER_GPU,
     GangId,
@@ -66,6 +73,13 @@ _CPU: Final = "cpu"
 _MEMORY: Final = "memory"
 _PODS: Final = "pods"
 _DEMAND_RESOURCES: Final = (_CPU, _MEMORY, keys.GPU_RESOURCE, keys.GPU_MILLI_RESOURCE)
+_GPU_WHOLE: Final = {
+    keys.GPU_RESOURCE: f"GPUs are whole; ask for {keys.GPU_MILLI_RESOURCE} for a share of one",
+    keys.GPU_MILLI_RESOURCE: "a share is a whole number of thousandths of a GPU",
+}
+"""Why a fraction of each GPU resource's unit cannot be asked for."""
+_NOT_NEGATIVE: Final = "a count cannot be negative"
+_NOT_A_NUMBER: Final = "not a number of GPUs"
 _POD_LEVEL_RESOURCES: Final = (_CPU, _MEMORY)
 """Resources that ``spec.resources`` (pod-level resources) may set for the whole pod."""
 
@@ -100,10 +114,21 @@ class DemandError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class DemandReading:
-    """A pod's demand, read leniently, with what had to be ignored or assumed."""
+    """A pod's demand, read leniently, with what had to be ignored or assumed.
+
+    ``refusals``: GPU requests that are no count of GPUs, each naming the request and
+    why. The demand leaves them out (or rounds them up), but the pod must not be placed
+    as if it asked for that; all but a count over ``MAX_GPUS_PER_NODE`` are also among
+    the ``problems``, whose wording the webhook's rejections keep.
+    """
 
     demand: PodDemand
     problems: tuple[str, ...] = ()
+    refusals: tuple[str, ...] = ()
+
+
+def _refuse(resource: str, detail: str) -> str:
+    return f"the pod's {resource} request is unusable: {detail}"
 
 
 # ---------------------------------------------------------------- annotation grammars
@@ -124,7 +149,7 @@ def parse_index_list(value: str) -> tuple[int, ...]:
         item = raw.strip()
         for index in _index_item(item, value):
             if index in seen:
-                raise AnnotationError(f"GPU {index} is named twice in {value!r}")
+                raise AnnotationError(f"GPU {index} is named twice in {echo(value)}")
             seen.add(index)
     return tuple(sorted(seen))
 
@@ -132,16 +157,16 @@ def parse_index_list(value: str) -> tuple[int, ...]:
 def _index_item(item: str, value: str) -> range:
     match = _INDEX_ITEM.fullmatch(item)
     if match is None:
-        what = "an empty item" if not item else f"{item!r}"
+        what = "an empty item" if not item else echo(item)
         raise AnnotationError(
-            f"{what} in {value!r} is not a GPU index or a range of them (like 0-3)"
+            f"{what} in {echo(value)} is not a GPU index or a range of them (like 0-3)"
         )
     first = int(match[1])
     last = int(match[2]) if match[2] is not None else first
     if last < first:
-        raise AnnotationError(f"range {item!r} in {value!r} runs backwards")
+        raise AnnotationError(f"range {echo(item)} in {echo(value)} runs backwards")
     if last >= MAX_GPUS_PER_NODE:
-        raise AnnotationError(f"GPU index {last} in {value!r} is not below {MAX_GPUS_PER_NODE}")
+        raise AnnotationError(f"GPU index {last} in {echo(value)} is not below {MAX_GPUS_PER_NODE}")
     return range(first, last + 1)
 
 
@@ -163,7 +188,7 @@ def parse_islands(value: str, gpu_count: int | None = None) -> tuple[tuple[int, 
             parts.pop()
         islands = [parse_index_list(part) for part in parts]
         if any(not island for island in islands):
-            raise AnnotationError(f"an island in {value!r} names no GPU")
+            raise AnnotationError(f"an island in {echo(value)} names no GPU")
     else:
         islands = [tuple(_index_item(item.strip(), value)) for item in text.split(",")]
     owner: dict[int, int] = {}
@@ -171,11 +196,11 @@ def parse_islands(value: str, gpu_count: int | None = None) -> tuple[tuple[int, 
         for index in island:
             if index in owner:
                 raise AnnotationError(
-                    f"GPU {index} is in islands {owner[index]} and {number} of {value!r}"
+                    f"GPU {index} is in islands {owner[index]} and {number} of {echo(value)}"
                 )
             if gpu_count is not None and index >= gpu_count:
                 raise AnnotationError(
-                    f"GPU {index} in {value!r} does not exist on a node of {gpu_count} GPUs"
+                    f"GPU {index} in {echo(value)} does not exist on a node of {gpu_count} GPUs"
                 )
             owner[index] = number
     return tuple(islands)
@@ -221,7 +246,7 @@ def parse_topology(value: str) -> TopologyConstraint:
         mode = None
     if not sep or mode is None or _NO_SPACE.fullmatch(level) is None:
         raise AnnotationError(
-            f"{value!r} is not required:<level> or preferred:<level> "
+            f"{echo(value)} is not required:<level> or preferred:<level> "
             "(a topology level such as a rack or block node label)"
         )
     return TopologyConstraint(mode=mode, level=level)
@@ -234,19 +259,19 @@ def parse_rfc3339(value: str) -> datetime:
     """
     match = _RFC3339.fullmatch(value.strip())
     if match is None:
-        raise AnnotationError(f"{value!r} is not an RFC 3339 time like 2026-12-01T02:00:00Z")
+        raise AnnotationError(f"{echo(value)} is not an RFC 3339 time like 2026-12-01T02:00:00Z")
     frac = f".{match['frac'][:6]}" if match["frac"] else ""
     zone = "+00:00" if match["zone"] in ("Z", "z") else match["zone"]
     try:
         return datetime.fromisoformat(f"{match['date']}T{match['time']}{frac}{zone}")
     except ValueError as exc:
-        raise AnnotationError(f"{value!r} is not a valid time: {exc}") from None
+        raise AnnotationError(f"{echo(value)} is not a valid time: {exc}") from None
 
 
 def _positive_int(value: str) -> int:
     text = value.strip()
     if _DIGITS.fullmatch(text) is None or int(text) < 1:
-        raise AnnotationError(f"{value!r} is not a positive whole number")
+        raise AnnotationError(f"{echo(value)} is not a positive whole number")
     return int(text)
 
 
@@ -273,7 +298,7 @@ def _text(values: Mapping[str, Any], key: str, problems: list[str], what: str) -
     value = values.get(key)
     if value is None or isinstance(value, str):
         return value
-    problems.append(f"{what} {key}={value!r} is not a string; ignored")
+    problems.append(f"{what} {key}={echo(value)} is not a string; ignored")
     return None
 
 
@@ -285,7 +310,7 @@ def _nanos(value: Any, what: str, problems: list[str]) -> int | None:
         problems.append(f"{what}: {exc}; ignored")
         return None
     if amount < 0:
-        problems.append(f"{what} is negative ({value!r}); ignored")
+        problems.append(f"{what} is negative ({echo(value)}); ignored")
         return None
     return amount
 
@@ -310,13 +335,7 @@ def node_from_json(obj: Mapping[str, Any], levels: Sequence[str] = ()) -> NodeSt
     problems: list[str] = []
     resources = _NodeResources(status, problems)
 
-    gpu_count = resources.units(keys.GPU_RESOURCE, 0)
-    if gpu_count > MAX_GPUS_PER_NODE:
-        problems.append(
-            f"{keys.GPU_RESOURCE} is {gpu_count}, more than {MAX_GPUS_PER_NODE}; "
-            "node offers no GPUs"
-        )
-        gpu_count = 0
+    gpu_count = _gpu_count(status, problems)
 
     island_of = _islands(annotations, gpu_count, problems)
     unhealthy = _unhealthy(annotations, gpu_count, problems)
@@ -358,6 +377,36 @@ def node_from_json(obj: Mapping[str, Any], levels: Sequence[str] = ()) -> NodeSt
     )
 
 
+def _gpu_count(status: Mapping[str, Any], problems: list[str]) -> int:
+    """The node's ``nvidia.com/gpu`` (allocatable, else capacity); 0, with a problem
+    saying so, for a value that is no count of GPUs."""
+    for field in ("allocatable", "capacity"):
+        values = _mapping(status, field)
+        if keys.GPU_RESOURCE not in values:
+            continue
+        raw = values[keys.GPU_RESOURCE]
+        why = ""
+        try:
+            nanos = to_nanos(raw)
+        except QuantityError:
+            why = _NOT_A_NUMBER
+        else:
+            count, fraction = divmod(nanos, NANO_PER_UNIT)
+            if nanos < 0:
+                why = _NOT_NEGATIVE
+            elif fraction:
+                why = "GPUs are whole"
+            elif count > MAX_GPUS_PER_NODE:
+                why = f"more than a node can have ({MAX_GPUS_PER_NODE})"
+            else:
+                return count
+        problems.append(
+            f"status.{field}[{keys.GPU_RESOURCE!r}] is {raw!r}: {why}; the node offers no GPUs"
+        )
+        return 0
+    return 0
+
+
 class _NodeResources:
     """Allocatable values of a node, falling back to capacity, problems reported once."""
 
@@ -371,7 +420,7 @@ class _NodeResources:
     def nanos(self, resource: str) -> int:
         for field, values in (("allocatable", self._allocatable), ("capacity", self._capacity)):
             if resource in values:
-                where = f"status.{field}[{resource!r}]"
+                where = f"status.{field}[{echo(resource)}]"
                 return _nanos(values[resource], where, self._problems) or 0
         return 0
 
@@ -413,7 +462,7 @@ def _unhealthy(annotations: Mapping[str, Any], gpu_count: int, problems: list[st
     text = annotations[key]
     try:
         if not isinstance(text, str):
-            raise AnnotationError(f"{text!r} is not a string")
+            raise AnnotationError(f"{echo(text)} is not a string")
         named = parse_index_list(text)
     except AnnotationError as exc:
         problems.append(f"annotation {key}: {exc}; treating all {gpu_count} GPUs as unhealthy")
@@ -433,7 +482,7 @@ def _taints(spec: Mapping[str, Any], problems: list[str]) -> tuple[Taint, ...]:
         key = raw.get("key") if isinstance(raw, Mapping) else None
         effect = raw.get("effect") if isinstance(raw, Mapping) else None
         if not isinstance(raw, Mapping) or not isinstance(key, str) or not isinstance(effect, str):
-            problems.append(f"spec.taints[{number}] = {raw!r} has no key or effect; ignored")
+            problems.append(f"spec.taints[{number}] = {echo(raw)} has no key or effect; ignored")
             continue
         value = raw.get("value")
         taints.append(Taint(key=key, value=value if isinstance(value, str) else "", effect=effect))
@@ -470,10 +519,26 @@ def read_demand(
     limit, per resource, as the API server defaults it.
     """
     problems: list[str] = []
-    totals = _pod_requests(spec, problems)
+    refusals: list[str] = []
+    totals = _pod_requests(spec, problems, refusals)
 
     whole = _whole(totals[keys.GPU_RESOURCE], keys.GPU_RESOURCE, problems)
     milli = _whole(totals[keys.GPU_MILLI_RESOURCE], keys.GPU_MILLI_RESOURCE, problems)
+    if whole > MAX_GPUS_PER_NODE:
+        refusals.append(
+            _refuse(
+                keys.GPU_RESOURCE,
+                f"the pod asks for {whole} GPUs, more than a node can have ({MAX_GPUS_PER_NODE})",
+            )
+        )
+    if milli > MAX_GPUS_PER_NODE * MILLI_PER_GPU:
+        refusals.append(
+            _refuse(
+                keys.GPU_MILLI_RESOURCE,
+                f"the pod asks for {milli} thousandths of a GPU, more than a node can have "
+                f"({MAX_GPUS_PER_NODE} GPUs)",
+            )
+        )
     if milli and (whole or milli >= MILLI_PER_GPU):
         extra = -(-milli // MILLI_PER_GPU)
         if whole:
@@ -501,6 +566,7 @@ def read_demand(
             products=_products(annotations, problems),
         ),
         problems=tuple(problems),
+        refusals=tuple(refusals),
     )
 
 
@@ -512,10 +578,33 @@ def _zero() -> _Amounts:
     return dict.fromkeys(_DEMAND_RESOURCES, 0)
 
 
+def _nanos_or_none(raw: Any) -> int | None:
+    """``to_nanos``, or None for a value that is not a quantity (no message built)."""
+    try:
+        return to_nanos(raw)
+    except QuantityError:
+        return None
+
+
+def _gpu_refusal(name: str, raw: Any, amount: int | None, where: str) -> str:
+    """Why the GPU request ``raw`` of ``name`` at ``where`` is no count of GPUs (``amount``:
+    its nano-units, None when it is not a quantity); ``""`` when it is one."""
+    if amount is None:
+        why = _NOT_A_NUMBER
+    elif amount < 0:
+        why = _NOT_NEGATIVE
+    elif amount % NANO_PER_UNIT:
+        why = _GPU_WHOLE[name]
+    else:
+        return ""
+    return _refuse(name, f"{where} is {raw!r}: {why}")
+
+
 def _requests(
     resources: Mapping[str, Any],
     where: str,
     problems: list[str],
+    refusals: list[str],
     names: Sequence[str] = _DEMAND_RESOURCES,
 ) -> _Amounts:
     """Requests of ``names`` that are set; a missing request defaults to the limit."""
@@ -533,55 +622,64 @@ def _requests(
             amount: int | None = to_nanos(raw)
         except QuantityError:
             amount = None
+        if name in _GPU_WHOLE and (amount is None or amount < 0 or amount % NANO_PER_UNIT):
+            refusals.append(_gpu_refusal(name, raw, amount, f"{where}.resources.{field}"))
         if amount is None or amount < 0:
             # Only a bad value pays for the message: read it again, noting the problem.
-            amount = _nanos(raw, f"{where}.resources.{field}[{name!r}]", problems)
+            amount = _nanos(raw, f"{where}.resources.{field}[{echo(name)}]", problems)
         if amount is not None:
             amounts[name] = amount
     return amounts
 
 
-def _container_requests(container: Any, where: str, problems: list[str]) -> _Amounts:
+def _container_requests(
+    container: Any, where: str, problems: list[str], refusals: list[str]
+) -> _Amounts:
     if not isinstance(container, Mapping):
         problems.append(f"{where} is not a container; ignored")
         return {}
-    return _requests(_mapping(container, "resources"), where, problems)
+    return _requests(_mapping(container, "resources"), where, problems, refusals)
 
 
-def _pod_requests(spec: Mapping[str, Any], problems: list[str]) -> _Amounts:
+def _pod_requests(spec: Mapping[str, Any], problems: list[str], refusals: list[str]) -> _Amounts:
     total = _zero()
     for number, container in enumerate(_sequence(spec, "containers")):
         for name, amount in _container_requests(
-            container, _named(container, number), problems
+            container, _named(container, number), problems, refusals
         ).items():
             total[name] += amount
 
     init_containers = _sequence(spec, "initContainers")
     if init_containers:
-        _add_init_containers(init_containers, total, problems)
+        _add_init_containers(init_containers, total, problems, refusals)
 
     pod_level = _mapping(spec, "resources")
     if pod_level:
         # pod-level resources (KEP-2837) replace the containers' sum where they are set
-        total.update(_requests(pod_level, "spec", problems, _POD_LEVEL_RESOURCES))
+        total.update(_requests(pod_level, "spec", problems, refusals, _POD_LEVEL_RESOURCES))
 
     overhead = _mapping(spec, "overhead")
     for name in _DEMAND_RESOURCES:
-        if overhead.get(name) is not None:
-            extra = _nanos(overhead[name], f"spec.overhead[{name!r}]", problems)
-            total[name] += extra or 0
+        raw = overhead.get(name)
+        if raw is None:
+            continue
+        if name in _GPU_WHOLE:
+            refusal = _gpu_refusal(name, raw, _nanos_or_none(raw), "spec.overhead")
+            if refusal:
+                refusals.append(refusal)
+        total[name] += _nanos(raw, f"spec.overhead[{echo(name)}]", problems) or 0
     return total
 
 
 def _add_init_containers(
-    init_containers: Sequence[Any], total: _Amounts, problems: list[str]
+    init_containers: Sequence[Any], total: _Amounts, problems: list[str], refusals: list[str]
 ) -> None:
     """Sidecars add to ``total``; the peak of any init container running raises it."""
     sidecars = _zero()
     init_peak = _zero()
     for number, container in enumerate(init_containers):
         where = _named(container, number, "initContainers")
-        own = _container_requests(container, where, problems)
+        own = _container_requests(container, where, problems, refusals)
         restart = container.get("restartPolicy") if isinstance(container, Mapping) else None
         for name in _DEMAND_RESOURCES:
             if restart == "Always":
@@ -598,7 +696,7 @@ def _add_init_containers(
 
 def _named(container: Any, number: int, field: str = "containers") -> str:
     name = container.get("name") if isinstance(container, Mapping) else None
-    return f"{field}[{name!r}]" if isinstance(name, str) else f"{field}[{number}]"
+    return f"{field}[{echo(name)}]" if isinstance(name, str) else f"{field}[{number}]"
 
 
 def _whole(nanos: int, resource: str, problems: list[str]) -> int:
@@ -619,7 +717,7 @@ def _gang(
     size_text = _text(annotations, keys.GANG_SIZE, problems, "annotation")
     if size_text is None:
         problems.append(
-            f"label {keys.GANG}={gang_id!r} has no {keys.GANG_SIZE} annotation; "
+            f"label {keys.GANG}={echo(gang_id)} has no {keys.GANG_SIZE} annotation; "
             "scheduled as a single pod"
         )
         return None
@@ -669,7 +767,9 @@ def _time_limit(spec: Mapping[str, Any], problems: list[str]) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        problems.append(f"spec.activeDeadlineSeconds={value!r} is not a positive integer; ignored")
+        problems.append(
+            f"spec.activeDeadlineSeconds={echo(value)} is not a positive integer; ignored"
+        )
         return None
     return value
 
@@ -706,6 +806,7 @@ def pod_from_json(obj: Mapping[str, Any]) -> PodInfo:
         scheduler_name=sys.intern(scheduler) if isinstance(scheduler, str) else "",
         deleting=metadata.get("deletionTimestamp") is not None,
         problems=tuple(problems),
+        refusal="; ".join(reading.refusals),
     )
 
 
@@ -723,7 +824,7 @@ def _gpu_indices(
     wanted = demand.gpus if demand.gpus else (1 if demand.gpu_milli else 0)
     if len(indices) != wanted:
         problems.append(
-            f"annotation {keys.GPU_INDICES}={text!r} names {len(indices)} GPUs "
+            f"annotation {keys.GPU_INDICES}={echo(text)} names {len(indices)} GPUs "
             f"but the pod takes {wanted}; ignored"
         )
         return ()
@@ -737,5 +838,5 @@ def _phase(status: Mapping[str, Any], problems: list[str]) -> PodPhase:
     try:
         return PodPhase(value)
     except ValueError:
-        problems.append(f"status.phase={value!r} is not a pod phase; treated as Unknown")
+        problems.append(f"status.phase={echo(value)} is not a pod phase; treated as Unknown")
         return PodPhase.UNKNOWN

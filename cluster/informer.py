@@ -4,9 +4,18 @@ Layer: I/O. Keeps a consumer (the cache) equal to kube-apiserver's view of one r
 path: a full list, then a watch from the list's resourceVersion with bookmarks; a re-watch
 from the last seen resourceVersion when the stream ends or breaks; a fresh list when that
 resourceVersion is gone (410). Must not interpret the objects it carries (that is
-``cluster.convert``'s job) and must not hold state beyond the resourceVersion; must not
-import kubernetes_asyncio (the client is ``cluster.kube``). Sleeps and randomness are
-injected so tests are fast and deterministic.
+``cluster.convert``'s job) and must not hold state beyond the resourceVersion and when the
+server was last heard; must not import kubernetes_asyncio (the client is ``cluster.kube``).
+Sleeps, randomness and the clock are injected so tests are fast and deterministic.
+
+How fresh the consumer's copy is (``age_s``) is the time since kube-apiserver was last
+heard on this informer: a list, any watch event or bookmark, or a watch the server ended
+after running its course. An open watch proves nothing by itself (a partitioned
+connection stays open and silent), so a quiet but healthy watch has to end often enough
+to prove the server is there: ``watch_timeout_s`` is the ``timeoutSeconds`` asked for,
+and kube-apiserver also sends a bookmark 2 s before it (``cacheWatcher.nextBookmarkTime``).
+A failed attempt is a WARNING naming the resource and the age, one per backoff step; the
+first sign of the server after failures is an INFO line.
 """
 
 from __future__ import annotations
@@ -40,7 +49,12 @@ class ListWatchClient(Protocol):
     """What the informer needs from ``cluster.kube.KubeClient``."""
 
     async def list(
-        self, path: str, params: Params | None = None, *, page_size: int = 500
+        self,
+        path: str,
+        params: Params | None = None,
+        *,
+        page_size: int = 500,
+        metadata_only: bool = False,
     ) -> tuple[JsonObjects, str]: ...
 
     def watch(
@@ -51,6 +65,7 @@ class ListWatchClient(Protocol):
         *,
         allow_bookmarks: bool = True,
         params: Params | None = None,
+        metadata_only: bool = False,
     ) -> AsyncGenerator[WatchEvent, None]: ...
 
 
@@ -86,7 +101,9 @@ class Informer:
     """Feeds ``on_replace``/``on_event`` from one resource path until stopped.
 
     ``path`` is a collection (``/api/v1/nodes``, ``/api/v1/pods``); ``field_selector`` and
-    ``label_selector`` narrow it. The callbacks run on the event loop between awaits and
+    ``label_selector`` narrow it; ``metadata_only`` asks for each object's metadata alone,
+    for a consumer that reads nothing else (a list of many large objects then costs
+    little memory while it is read). The callbacks run on the event loop between awaits and
     must not block. An exception from a callback is logged and answered with a relist,
     since the consumer's state can no longer be trusted.
     """
@@ -100,6 +117,7 @@ class Informer:
         on_event: OnEvent,
         field_selector: str | None = None,
         label_selector: str | None = None,
+        metadata_only: bool = False,
         page_size: int = 500,
         watch_timeout_s: int = 300,
         backoff: Backoff | None = None,
@@ -117,6 +135,7 @@ class Informer:
         if label_selector:
             params["labelSelector"] = label_selector
         self._params: Params = params
+        self._metadata_only = metadata_only
         self._page_size = page_size
         self._watch_timeout_s = watch_timeout_s
         self._backoff = backoff or Backoff()
@@ -124,6 +143,8 @@ class Informer:
         self._rng = rng or random.Random()  # noqa: S311
         self._sleep = sleep
         self._clock = clock or SystemClock()
+        self._heard_at = self._clock.monotonic()
+        self._failing = False
         self._progressed = False
         self._synced = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -133,6 +154,16 @@ class Informer:
     @property
     def path(self) -> str:
         return self._path
+
+    @property
+    def resource(self) -> str:
+        """The collection's resource name (``nodes``, ``pods``): a bounded metric label."""
+        return self._path.rsplit("/", 1)[-1]
+
+    def age_s(self) -> float:
+        """Seconds since kube-apiserver was last heard on this informer (since the
+        informer was made, before it ever was)."""
+        return self._clock.monotonic() - self._heard_at
 
     @property
     def synced(self) -> bool:
@@ -186,7 +217,12 @@ class Informer:
                 started = self._clock.monotonic()
                 await self._watch()
                 if self._progressed or self._clock.monotonic() - started >= SHORT_WATCH_S:
-                    self._log("rewatch", "watch ended by the server")
+                    # the server ended it as asked (timeoutSeconds): it is there
+                    self._heard()
+                    log.debug(
+                        "informer rewatch",
+                        extra=logs.fields(path=self._path, resource_version=self._resource_version),
+                    )
                     failures = 0
                     relisted_for_gone = False
                     continue
@@ -203,7 +239,14 @@ class Informer:
                     # the last relist for a 410 was followed by another with no progress.
                     if not relisted_for_gone:
                         relisted_for_gone = True
-                        self._log("relist", f"resourceVersion gone: {exc}")
+                        log.info(
+                            "informer relist",
+                            extra=logs.fields(
+                                path=self._path,
+                                reason=f"resourceVersion gone: {exc}",
+                                resource_version=self._resource_version,
+                            ),
+                        )
                         continue
                     reason = f"resourceVersion gone again: {exc}"
                 else:
@@ -222,12 +265,24 @@ class Informer:
                 reason = f"callback {exc.callback} failed"
             delay = self._backoff.delay(failures, self._rng)
             failures += 1
-            self._log("relist" if need_list else "rewatch", reason, delay_s=round(delay, 3))
+            self._failing = True
+            log.warning(
+                "informer relist" if need_list else "informer rewatch",
+                extra=logs.fields(
+                    path=self._path,
+                    resource=self.resource,
+                    reason=reason,
+                    age_s=round(self.age_s(), 3),
+                    attempt=failures,
+                    delay_s=round(delay, 3),
+                    resource_version=self._resource_version,
+                ),
+            )
             await self._sleep(delay)
 
     async def _list(self) -> None:
         items, resource_version = await self._client.list(
-            self._path, self._params, page_size=self._page_size
+            self._path, self._params, page_size=self._page_size, metadata_only=self._metadata_only
         )
         try:
             self._on_replace(items)
@@ -235,6 +290,7 @@ class Informer:
             raise CallbackError("on_replace") from exc
         self._resource_version = resource_version
         self._lists += 1
+        self._heard()
         self._synced.set()
         log.info(
             "informer listed",
@@ -251,10 +307,12 @@ class Informer:
             timeout_s,
             allow_bookmarks=True,
             params=self._params,
+            metadata_only=self._metadata_only,
         )
         async with contextlib.aclosing(events):
             async for event in events:
                 self._progressed = True
+                self._heard()
                 if event.type in EVENT_TYPES:
                     try:
                         self._on_event(event.type, event.object)
@@ -270,16 +328,21 @@ class Informer:
                 if resource_version:
                     self._resource_version = resource_version
 
-    def _log(self, what: str, reason: str, **extra: object) -> None:
-        log.info(
-            f"informer {what}",
-            extra=logs.fields(
-                path=self._path,
-                reason=reason,
-                resource_version=self._resource_version,
-                **extra,
-            ),
-        )
+    def _heard(self) -> None:
+        """kube-apiserver spoke on this informer just now."""
+        now = self._clock.monotonic()
+        if self._failing:
+            self._failing = False
+            log.info(
+                "informer recovered",
+                extra=logs.fields(
+                    path=self._path,
+                    resource=self.resource,
+                    age_s=round(now - self._heard_at, 3),
+                    resource_version=self._resource_version,
+                ),
+            )
+        self._heard_at = now
 
 
 class CallbackError(Exception):

@@ -47,6 +47,16 @@ PATCH_CONTENT_TYPES: Final[Mapping[PatchType, str]] = {
     "json": "application/json-patch+json",
 }
 
+METADATA_LIST_ACCEPT: Final = (
+    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+)
+METADATA_WATCH_ACCEPT: Final = (
+    "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+)
+"""What a list or watch of metadata only asks for, as client-go's metadata informers do:
+each object's ``metadata`` without its spec and status, or (a server that cannot) the
+whole object, which holds the same metadata."""
+
 WATCH_READ_GRACE_S: Final = 30.0
 """Extra seconds a watch may stay silent past its ``timeoutSeconds`` before the client
 gives up on it: the server should have closed it by then, so the connection is dead."""
@@ -399,18 +409,25 @@ class KubeClient:
         return await self._request("DELETE", path, params=params)
 
     async def list(
-        self, path: str, params: Params | None = None, *, page_size: int = 500
+        self,
+        path: str,
+        params: Params | None = None,
+        *,
+        page_size: int = 500,
+        metadata_only: bool = False,
     ) -> tuple[JsonObjects, str]:
         """Every item of a collection, page by page, and the list's resourceVersion.
 
         All pages of one list come from the same snapshot; an expired ``continue`` token
-        raises ``ApiError`` 410 and the caller starts over.
+        raises ``ApiError`` 410 and the caller starts over. ``metadata_only``: the items
+        as ``PartialObjectMetadata`` (``METADATA_LIST_ACCEPT``).
         """
         items: JsonObjects = []
         query = dict(params or {})
         query["limit"] = str(page_size)
+        accept = METADATA_LIST_ACCEPT if metadata_only else None
         while True:
-            page = await self._request("GET", path, params=query)
+            page = await self._request("GET", path, params=query, accept=accept)
             page_items = page.get("items") or []
             if not isinstance(page_items, list):
                 raise TransportError(f"GET {path}: 'items' is not a list")
@@ -429,8 +446,10 @@ class KubeClient:
         *,
         allow_bookmarks: bool = True,
         params: Params | None = None,
+        metadata_only: bool = False,
     ) -> AsyncGenerator[WatchEvent, None]:
-        """The events after ``resource_version``, until the server ends the watch.
+        """The events after ``resource_version``, until the server ends the watch
+        (``metadata_only``: their objects as ``PartialObjectMetadata``).
 
         The stream is the API's newline-delimited JSON; each line is decoded with orjson.
         The iterator ends when the server closes the watch (``timeout_s`` elapsed); an ERROR
@@ -450,9 +469,12 @@ class KubeClient:
             sock_connect=self._connect_timeout_s,
             sock_read=timeout_s + WATCH_READ_GRACE_S,
         )
+        headers = self._auth()
+        if metadata_only:
+            headers["Accept"] = METADATA_WATCH_ACCEPT
         try:
             async with self._session_().get(
-                self._url(path), params=query, headers=self._auth(), timeout=timeout
+                self._url(path), params=query, headers=headers, timeout=timeout
             ) as response:
                 await _raise_for_status(response)
                 pending = b""
@@ -493,8 +515,11 @@ class KubeClient:
         params: Params | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        accept: str | None = None,
     ) -> JsonObject:
         headers = self._auth()
+        if accept is not None:
+            headers["Accept"] = accept
         data: bytes | None = None
         if body is not None:
             data = jsonio.dumps(body)

@@ -39,12 +39,22 @@ GANG_SIZE: Final[str] = "tessera.dev/gang-size"
 DEFAULT_SCHEDULER_NAME: Final[str] = "tessera-gpu"
 """The kube-scheduler profile that runs the extender; written into pod templates."""
 
+KUEUE_REQUIRED_TOPOLOGY: Final[str] = "kueue.x-k8s.io/podset-required-topology"
+"""Pod template annotation: the node label of the level Kueue's topology-aware scheduling
+must keep a pod set within; written from ``tessera.dev/topology`` for flavors with a
+``spec.topologyName`` (mode B)."""
+
+KUEUE_PREFERRED_TOPOLOGY: Final[str] = "kueue.x-k8s.io/podset-preferred-topology"
+"""Pod template annotation: as ``KUEUE_REQUIRED_TOPOLOGY``, but a preference."""
+
 KUEUE_ADMISSION_GATE: Final[str] = "kueue.x-k8s.io/admission"
 """Scheduling gate that keeps a plain Pod suspended until Kueue admits it."""
 
 # ---------------------------------------------------------------- written by the extender
 GPU_INDICES: Final[str] = "tessera.dev/gpu-indices"
-"""Annotation on bound pods: GPU indices taken on the node (``0,1,2,3``; a share: one)."""
+"""Annotation on bound pods: GPU indices taken on the node (``0,1,2,3``; a share: one).
+Sent in the Binding's own annotations, which kube-apiserver copies onto the pod as it
+binds it: the extender never patches pods."""
 
 # ---------------------------------------------------------------- read from nodes
 GFD_PRODUCT: Final[str] = "nvidia.com/gpu.product"
@@ -80,6 +90,10 @@ MAX_TIME_LIMIT: Final[str] = "tessera.dev/max-time-limit"
 
 MAX_GPUS_PER_JOB: Final[str] = "tessera.dev/max-gpus-per-job"
 """LocalQueue/ClusterQueue annotation: the most GPUs one workload may ask for."""
+
+FLAVOR_TOPOLOGY: Final[str] = "tessera.dev/topology-name"
+"""ResourceFlavor annotation: the Topology whose levels Tessera places gangs by, without
+switching on Kueue's topology-aware scheduling (which ``spec.topologyName`` does)."""
 
 DEFAULT_QUEUE: Final[str] = "tessera.dev/default-queue"
 """LocalQueue annotation (``"true"``): the queue for GPU workloads without a queue label."""

@@ -210,7 +210,9 @@ class PodInfo:
 
     ``gpu_indices`` are the GPUs named by ``tessera.dev/gpu-indices``; empty for a pod
     that is not bound yet, or one bound without the annotation (the cache then picks
-    GPUs for it so that accounting stays whole).
+    GPUs for it so that accounting stays whole). ``refusal`` says why no node can take
+    the pod whatever it has free: a GPU request that is no count of GPUs (negative, not
+    a number, fractional, more than a node can have), which must not be read as none.
     """
 
     key: PodKey
@@ -222,6 +224,7 @@ class PodInfo:
     scheduler_name: str = ""
     deleting: bool = False
     problems: tuple[str, ...] = ()
+    refusal: str = ""
 
     @property
     def namespace(self) -> str:

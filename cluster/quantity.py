@@ -34,6 +34,8 @@ import re
 from fractions import Fraction
 from typing import Final
 
+from cluster.echo import echo
+
 _NUMBER: Final = re.compile(
     r"(?P<sign>[+-]?)"
     r"(?P<int>[0-9]*)(?:\.(?P<frac>[0-9]*))?"
@@ -60,7 +62,7 @@ class QuantityError(ValueError):
     def __init__(self, value: object, reason: str = "") -> None:
         hint = "a number with an optional suffix, such as 500m, 2, 1.5Gi, 1G or 1e3"
         detail = f": {reason}" if reason else f": expected {hint}"
-        super().__init__(f"{value!r} is not a Kubernetes quantity{detail}")
+        super().__init__(f"{echo(value)} is not a Kubernetes quantity{detail}")
         self.value = value
 
 

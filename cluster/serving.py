@@ -166,11 +166,12 @@ def add_probes(
     app: web.Application,
     *,
     ready: Callable[[], bool],
-    not_ready: str,
+    not_ready: str | Callable[[], str],
     exposition: Callable[[], bytes],
 ) -> None:
-    """``GET /healthz`` (the process answers) and ``/readyz`` (503 with ``not_ready``
-    until ``ready()``); ``exposition`` is kept for the metrics listener."""
+    """``GET /healthz`` (the process answers) and ``/readyz`` (503 with ``not_ready``, or
+    what ``not_ready()`` says at that moment, until ``ready()``); ``exposition`` is kept
+    for the metrics listener."""
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -178,7 +179,8 @@ def add_probes(
     async def readyz(request: web.Request) -> web.Response:
         if ready():
             return web.Response(text="ok")
-        return web.Response(status=NOT_READY, text=not_ready)
+        reason = not_ready if isinstance(not_ready, str) else not_ready()
+        return web.Response(status=NOT_READY, text=reason)
 
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -101,6 +101,13 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
         type=float,
         help="seconds kube-scheduler waits for an answer: the extender's httpTimeout (default 5)",
     )
+    flag(
+        "max-cache-age",
+        dest="max_cache_age_s",
+        type=float,
+        help="seconds since kube-apiserver was last heard on the node or pod watch before "
+        "the cache is stale: not ready, and no filter or bind from it (default 30; 0: never)",
+    )
     flag("log-level", help="DEBUG, INFO, WARNING (default INFO)")
     switch("log-json", "log one JSON object per line")
     args = parser.parse_args(argv)

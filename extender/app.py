@@ -21,6 +21,14 @@ on it. For ``/bind`` that check comes before anything is planned or assumed, so 
 is refused whole or carried out whole, never dropped half done; kube-scheduler retries
 a refused one.
 
+A cache is only as good as its watches. ``Source`` knows how long ago kube-apiserver
+was last heard on each (``Informer.age_s``); past ``--max-cache-age`` the cache is stale:
+``/readyz`` answers 503 naming the watch, and no verb decides from it (``verbs.stale_reply``:
+filter and bind answer ``Error``, which kube-scheduler retries; prioritize and preempt 503).
+The ages are on the metrics listener as ``tessera_extender_cache_age_seconds``. A request
+already too late is shed before the cache is looked at: nobody reads its answer, stale
+or not.
+
 Packing judges a node by the pods the cluster runs (``ExtenderConfig.pod_mix``). With
 ``pod_mix=learned`` a background task counts the cache's pods into that mix: before the
 first request when a cluster file is loaded, right after the informers have listed, then
@@ -76,18 +84,38 @@ NOT_READY = serving.NOT_READY
 
 
 class Source:
-    """Where the cache's content comes from, and whether it is complete yet."""
+    """Where the cache's content comes from, whether it is complete yet, and how long
+    ago kube-apiserver was last heard on each watch."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_age_s: float = 0.0) -> None:
         self.loaded = False
         """Standalone mode: the cluster file is in the cache."""
         self.informers: Sequence[Informer] = ()
+        self.max_age_s = max_age_s
+        """The staleness limit (``--max-cache-age``); 0: none."""
 
     @property
     def synced(self) -> bool:
         if self.loaded:
             return True
         return bool(self.informers) and all(i.synced for i in self.informers)
+
+    def ages(self) -> dict[str, float]:
+        """Seconds since each watch last heard from kube-apiserver, by resource (none
+        for a cluster file: nothing there can go stale)."""
+        return {informer.resource: informer.age_s() for informer in self.informers}
+
+    def stale(self) -> str:
+        """Why the cache must not be decided with now (``""``: it may)."""
+        if self.loaded or not self.max_age_s:
+            return ""
+        return verbs.stale_cache(self.ages(), self.max_age_s)
+
+    def not_ready(self) -> str:
+        """What ``/readyz`` says while not ready."""
+        if not self.synced:
+            return "cluster cache not synced yet"
+        return self.stale() or "ready"
 
     async def wait_synced(self) -> None:
         """Until the cache is complete: at once for a cluster file, else once every
@@ -176,23 +204,24 @@ def _not_ready() -> web.Response:
     return _respond(NOT_READY, wire.encode_bad_request(reason))
 
 
-def _early(request: web.Request, body: bytes | web.Response) -> web.Response | None:
-    """The answer when there is nothing to decide: unreadable body, too late, cache not
-    synced."""
+def _early(
+    request: web.Request, verb: str, body: bytes | web.Response
+) -> tuple[web.Response, str] | None:
+    """The answer and its metrics result when there is nothing to decide: unreadable
+    body, too late, cache not synced, cache stale."""
     if isinstance(body, web.Response):
-        return body
+        return body, "bad_request"
     late = request.app[serving.GUARD].answer_if_late(request)
     if late is not None:
-        return late
-    if not request.app[SOURCE].synced:
-        return _not_ready()
+        return late, "shed"
+    source = request.app[SOURCE]
+    if not source.synced:
+        return _not_ready(), "not_ready"
+    stale = source.stale()
+    if stale:
+        reply = verbs.stale_reply(verb, stale)
+        return _respond(reply.status, reply.body), "stale"
     return None
-
-
-def _result(response: web.Response) -> str:
-    if response.status == verbs.BAD_REQUEST:
-        return "bad_request"
-    return "not_ready" if response.status == NOT_READY else "shed"
 
 
 # ---------------------------------------------------------------- the four verbs
@@ -203,10 +232,10 @@ async def _decide(request: web.Request, verb: str, handle: Handle) -> web.Respon
     clock, metrics = app[CLOCK], app[METRICS]
     start = clock.monotonic()
     body = await _body(request)
-    early = _early(request, body)
+    early = _early(request, verb, body)
     if early is not None:
-        metrics.answered(verb, _result(early), clock.monotonic() - start)
-        return early
+        metrics.answered(verb, early[1], clock.monotonic() - start)
+        return early[0]
     assert isinstance(body, bytes)
     began = clock.monotonic()
     reply = handle(
@@ -241,10 +270,10 @@ async def bind(request: web.Request) -> web.Response:
     clock, metrics, binds, cache = app[CLOCK], app[METRICS], app[BINDS], app[CACHE]
     start = clock.monotonic()
     body = await _body(request)
-    early = _early(request, body)
+    early = _early(request, "bind", body)
     if early is not None:
-        metrics.answered("bind", _result(early), clock.monotonic() - start)
-        return early
+        metrics.answered("bind", early[1], clock.monotonic() - start)
+        return early[0]
     assert isinstance(body, bytes)
 
     # From here to the binder's first await: no await, so no other request runs between
@@ -486,7 +515,9 @@ async def _watch_cluster(app: web.Application) -> AsyncIterator[None]:
         binds = app[BINDS]
         if binds.binder is None:
             binds.binder = ApiBinder(client, timeout_s=settings.bind_timeout_s)
-        informers = CacheFeed(app[CACHE], levels=app[CONFIG].current.level_labels).informers(client)
+        informers = CacheFeed(app[CACHE], levels=app[CONFIG].current.level_labels).informers(
+            client, watch_timeout_s=settings.watch_timeout_s, clock=app[CLOCK]
+        )
         app[SOURCE].informers = informers
         async with (
             serving.background(run_all(informers), "watch nodes and pods"),
@@ -541,7 +572,9 @@ def create_app(
     app[CLOCK] = clock
     app[CACHE] = cache
     app[ENVIRON] = dict(environ or {})
-    app[METRICS] = ExtenderMetrics(cache.counters)
+    source = Source(settings.max_cache_age_s)
+    app[SOURCE] = source
+    app[METRICS] = ExtenderMetrics(cache.counters, source.ages)
     app[METRICS].pod_mix(len(config.pod_mix), 0, changed=False)
     app[serving.GC_PAUSES] = app[METRICS].gc_pauses
     timeout = settings.request_timeout_s
@@ -553,8 +586,6 @@ def create_app(
         registry=app[METRICS].registry,
         prefix="tessera_extender",
     )
-    source = Source()
-    app[SOURCE] = source
     if settings.cluster_file is not None:
         CacheFeed(cache, levels=config.level_labels).load_file(settings.cluster_file)
         source.loaded = True
@@ -573,8 +604,8 @@ def create_app(
     app.router.add_post("/preempt", preempt)
     serving.add_probes(
         app,
-        ready=lambda: source.synced,
-        not_ready="cluster cache not synced yet",
+        ready=lambda: source.synced and not source.stale(),
+        not_ready=source.not_ready,
         exposition=app[METRICS].exposition,
     )
     return app

@@ -1,19 +1,24 @@
-"""Carrying out a bind: write ``tessera.dev/gpu-indices`` on the pod, then bind it.
+"""Carrying out a bind: one ``v1.Binding`` that binds the pod and records its GPUs.
 
 Layer: I/O. ``Binder`` is the seam the server calls once the GPUs are chosen and assumed
 in the cache; ``ApiBinder`` talks to kube-apiserver, ``MemoryBinder`` (standalone mode)
 records the placement in the cache the way the watch would. Must not choose GPUs or
-decide anything about placement, and must not touch the cache's assumptions (the server
-assumes and forgets; a binder only reports how the bind ended).
+decide anything about placement, must not touch the cache's assumptions (the server
+assumes and forgets; a binder only reports how the bind ended), and must not write the
+pod itself: the extender holds no ``patch`` right on pods.
 
-Why annotate first: once the Binding exists the pod may start, and whoever needs to know
-which GPUs it holds (this cache rebuilding after a restart, tools on the node) reads the
-annotation. A pod bound but not yet annotated would have its GPUs guessed.
+Why one request: whoever needs to know which GPUs a pod holds (this cache rebuilding
+after a restart, tools on the node) reads ``tessera.dev/gpu-indices``. The Binding
+carries it in its own ``metadata.annotations``, and kube-apiserver copies those onto the
+pod in the very update that sets ``spec.nodeName`` (``setPodNodeAndMetadata``,
+pkg/registry/core/pod/storage/storage.go, v1.36). So a pod is bound with its GPUs
+recorded, or not bound and untouched: no pod bound without the annotation, and no
+unbound pod left with one (as an annotate-then-bind did when it died in between).
 
-The Binding is the body kube-scheduler's own DefaultBinder posts
+The rest of the Binding is what kube-scheduler's own DefaultBinder posts
 (``pkg/scheduler/framework/plugins/defaultbinder``): the pod's namespace, name and UID
-(the UID makes kube-apiserver refuse a pod deleted and re-created under the same name)
-and a ``Node`` target.
+(kube-apiserver takes the UID as a precondition, so a pod deleted and re-created under
+the same name is refused with 409) and a ``Node`` target.
 """
 
 from __future__ import annotations
@@ -67,41 +72,29 @@ class Binder(Protocol):
 
 
 class PodApi(Protocol):
-    """What ``ApiBinder`` needs of ``cluster.kube.KubeClient``."""
+    """What ``ApiBinder`` needs of ``cluster.kube.KubeClient``: post the Binding, and
+    read the pod back when its outcome is unknown."""
 
     async def get_json(self, path: str, params: Params | None = None) -> JsonObject: ...
 
     async def post_json(self, path: str, body: Any, params: Params | None = None) -> JsonObject: ...
-
-    async def patch_json(
-        self,
-        path: str,
-        body: Any,
-        patch_type: Any = "merge",
-        params: Params | None = None,
-    ) -> JsonObject: ...
 
 
 def pod_path(placement: Placement) -> str:
     return f"/api/v1/namespaces/{placement.pod.namespace}/pods/{placement.pod.name}"
 
 
-def annotation_patch(placement: Placement) -> dict[str, Any]:
-    """The merge patch writing the GPU indices; with the UID, as a precondition."""
-    metadata: dict[str, Any] = {"annotations": {GPU_INDICES: placement.annotation}}
-    if placement.pod.uid:
-        metadata["uid"] = placement.pod.uid
-    return {"metadata": metadata}
-
-
 def binding_body(placement: Placement) -> dict[str, Any]:
-    """The ``v1.Binding`` DefaultBinder posts to ``pods/{name}/binding``."""
+    """The ``v1.Binding`` to post to ``pods/{name}/binding``: DefaultBinder's, plus the
+    GPU indices in its annotations for kube-apiserver to copy onto the pod."""
     metadata: dict[str, Any] = {
         "name": placement.pod.name,
         "namespace": placement.pod.namespace,
     }
     if placement.pod.uid:
         metadata["uid"] = placement.pod.uid
+    if placement.gpu_indices:
+        metadata["annotations"] = {GPU_INDICES: placement.annotation}
     return {
         "apiVersion": "v1",
         "kind": "Binding",
@@ -111,13 +104,12 @@ def binding_body(placement: Placement) -> dict[str, Any]:
 
 
 class ApiBinder:
-    """Binds through kube-apiserver: PATCH the annotation, POST the Binding.
+    """Binds through kube-apiserver: POST one Binding that also records the GPUs.
 
     A Binding refused as a conflict, or lost to a broken connection, is not the end of
     the story: the pod is read back, and if it is bound to this very node (an earlier
-    attempt landed) the bind succeeded. Whenever the pod is known not to be bound, the
-    annotation written for it is taken back, so that a pod bound later by someone else
-    is not accounted on GPUs it never got.
+    attempt landed) the bind succeeded. Otherwise nothing was written: a Binding that
+    did not bind the pod did not annotate it either.
     """
 
     def __init__(self, api: PodApi, *, timeout_s: float = 4.0) -> None:
@@ -125,20 +117,12 @@ class ApiBinder:
         self._timeout_s = timeout_s
 
     async def bind(self, placement: Placement) -> None:
-        path = pod_path(placement)
+        path = pod_path(placement) + "/binding"
         try:
             async with asyncio.timeout(self._timeout_s):
-                if placement.gpu_indices:
-                    await self._api.patch_json(path, annotation_patch(placement))
-        except (KubeError, TimeoutError) as exc:
-            # Nothing bound yet; a patch that landed anyway is rewritten by the next bind.
-            raise BindError(f"cannot annotate pod {placement.pod.key}: {_why(exc)}") from None
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                await self._api.post_json(path + "/binding", binding_body(placement))
+                await self._api.post_json(path, binding_body(placement))
         except ApiError as exc:
             if exc.status != 409:
-                await self._take_back(placement)
                 raise BindError(f"cannot bind pod {placement.pod.key}: {_why(exc)}") from None
             await self._settle(placement, exc)
         except (KubeError, TimeoutError) as exc:
@@ -165,25 +149,8 @@ class ApiBinder:
                 extra=logs.fields(pod=key, node=placement.node, error=_why(failure)),
             )
             return
-        if same_pod and not bound:
-            await self._take_back(placement)
         where = f"bound to node {bound}" if bound else "not bound"
         raise BindError(f"cannot bind pod {key}: {_why(failure)}; the pod is {where}")
-
-    async def _take_back(self, placement: Placement) -> None:
-        if not placement.gpu_indices:
-            return
-        body = annotation_patch(placement)
-        body["metadata"]["annotations"][GPU_INDICES] = None
-        try:
-            async with asyncio.timeout(CHECK_TIMEOUT_S):
-                await self._api.patch_json(pod_path(placement), body)
-        except (KubeError, TimeoutError) as exc:
-            # Harmless while the pod stays unbound: the cache reads indices of bound pods.
-            log.warning(
-                "stale gpu-indices annotation left on an unbound pod",
-                extra=logs.fields(pod=placement.pod.key, error=_why(exc)),
-            )
 
 
 class MemoryBinder:

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from itertools import combinations
+from itertools import chain, combinations
 from types import MappingProxyType
 from typing import Any, Final, cast
 
@@ -103,7 +103,13 @@ def filter_nodes(
     """Run every filter of ``plugins`` for ``pod`` on each named node.
 
     ``unresolvable`` adds nodes already known to fail (``request_nodes``' unknown ones).
+    A pod whose GPU request is no count of GPUs (``PodInfo.refusal``) fits no node, and
+    no preemption can help: every candidate is unresolvable, with that reason.
     """
+    if pod.refusal:
+        names = cast("Iterable[NodeName]", chain(node_names, unresolvable or ()))
+        refused = dict.fromkeys(names, pod.refusal)
+        return FilterOutcome((), MappingProxyType({}), MappingProxyType(refused))
     ctx = build_context(snapshot, pod, config, now)
     key = filter_key(ctx)
     gang = ctx.gang
@@ -171,6 +177,8 @@ def score_nodes(
     request with every node of a large cluster would make a pair per node, and the
     collector would walk them.
     """
+    if pod.refusal:
+        return [None for _ in node_names]
     ctx = build_context(snapshot, pod, config, now)
     fkey, skey = filter_key(ctx), score_key(ctx)
     plain = ctx.gang is None
@@ -376,6 +384,8 @@ def plan_bind(
             f"pod {key} in the extender's cache has UID {info.uid}, the binding is for UID "
             f"{uid} (deleted and re-created?)"
         )
+    if info.refusal:
+        return BindRefusal(f"cannot bind pod {key}: {info.refusal}")
     if info.node is not None:
         return BindRefusal(f"pod {key} is already bound to node {info.node}")
     held = snapshot.allocations.get(key)
@@ -438,7 +448,10 @@ def preempt(
     earliest in kube-scheduler's order. More than ``max_subsets`` subsets: a minimal
     subset (no victim in it can be spared) rather than the smallest. The PDB count
     cannot be recomputed here, so it is kube-scheduler's, capped at the victims kept.
+    A pod whose GPU request is no count of GPUs fits nowhere: no eviction helps.
     """
+    if pod.refusal:
+        return {}
     ctx = build_context(snapshot, pod, config, now)
     keys = _victim_keys(snapshot, proposals)
     answer: dict[NodeName, NodeVictims] = {}

@@ -44,6 +44,7 @@ LATENCY_BUCKETS: Final = (
 # Ordered: the first fragment found in a reason names its category. They follow the
 # wording of extender.plugins and extender.decide; an unknown wording counts as "other".
 _REASON_FRAGMENTS: Final = (
+    ("request is unusable: ", "unusable_request"),
     ("not in the extender's cache", "not_cached"),
     ("not a usable Node", "bad_node"),
     ("cordoned", "cordoned"),
@@ -79,10 +80,23 @@ def reason_category(reason: str) -> str:
 class _CacheCollector(Collector):
     """Cache figures read at scrape time: nothing to keep in step on the hot path."""
 
-    def __init__(self, counters: Callable[[], CacheCounters]) -> None:
+    def __init__(
+        self, counters: Callable[[], CacheCounters], ages: Callable[[], Mapping[str, float]]
+    ) -> None:
         self._counters = counters
+        self._ages = ages
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        ages = GaugeMetricFamily(
+            "tessera_extender_cache_age_seconds",
+            "Seconds since kube-apiserver was last heard on the watch of this resource "
+            "(nodes, pods): a list, an event, a bookmark or a watch ended in due time. "
+            "Past --max-cache-age the extender is not ready and refuses to filter and bind.",
+            labels=("resource",),
+        )
+        for resource, age in self._ages().items():
+            ages.add_metric((resource,), age)
+        yield ages
         c = self._counters()
         yield _gauge("tessera_extender_nodes", "Nodes in the cache.", c.nodes)
         yield _gauge("tessera_extender_pods", "GPU pods in the cache, bound or not.", c.pods)
@@ -149,13 +163,20 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
 
 
 class ExtenderMetrics:
-    def __init__(self, counters: Callable[[], CacheCounters]) -> None:
+    def __init__(
+        self,
+        counters: Callable[[], CacheCounters],
+        ages: Callable[[], Mapping[str, float]] = dict,
+    ) -> None:
+        """``counters``: the cache's figures; ``ages``: seconds since each watch last
+        heard from kube-apiserver, by resource (none for a cluster file)."""
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "tessera_extender_decisions",
             "Requests answered, by verb and result (ok, error: HTTP 200 with Error, "
-            "refused: bind said no before any API call, bad_request, not_ready, shed: "
-            "too late for kube-scheduler's httpTimeout, answered 504 undecided).",
+            "refused: bind said no before any API call, bad_request, not_ready, "
+            "stale: the cache is older than --max-cache-age, shed: too late for "
+            "kube-scheduler's httpTimeout, answered 504 undecided).",
             ("verb", "result"),
             registry=self.registry,
         )
@@ -175,7 +196,7 @@ class ExtenderMetrics:
         )
         self.bind_api = Histogram(
             "tessera_extender_bind_api_seconds",
-            "The binder's part of a /bind: annotate and post the Binding.",
+            "The binder's part of a /bind: post the Binding (which records the GPUs).",
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
@@ -207,7 +228,7 @@ class ExtenderMetrics:
             "Times a newly learned pod mix replaced the one in use.",
             registry=self.registry,
         )
-        self.registry.register(_CacheCollector(counters))
+        self.registry.register(_CacheCollector(counters, ages))
         self.gc_pauses = GcPauses(self.registry, "tessera_extender")
         self._requests = MetricChildren(self.requests)
         self._latency = MetricChildren(self.latency)

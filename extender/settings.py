@@ -8,6 +8,11 @@ variables; ``create_app`` takes it as a value and turns the decision-related par
 served on a loopback address (a kube-scheduler sidecar) unless ``insecure_bind_any`` says
 otherwise; anywhere else needs TLS, and ``client_ca`` makes it mutual TLS. (The metrics
 listener of ``ServingSettings`` serves ``/metrics`` alone, so it may listen anywhere.)
+
+``max_cache_age_s`` bounds how long ago kube-apiserver may last have been heard on the
+node and pod watches before the cache counts as stale (not ready, no filter, no bind).
+A healthy watch with nothing to report must still be heard within it, so the watches'
+``timeoutSeconds`` follow from it (``watch_timeout_s``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ from extender.config import ExtenderConfig, ScoringWeights, TopologyLevel
 _WEIGHTS = ScoringWeights()
 _CONFIG = ExtenderConfig()
 DEFAULT_LEVELS = f"hostname={labels.HOSTNAME}"
+MIN_CACHE_AGE_S = 6.0
+"""The shortest staleness limit: its watches last 2 to 4 s (``watch_timeout_s``)."""
+UNBOUNDED_WATCH_S = 300
+"""``timeoutSeconds`` of the watches when staleness is not checked."""
 
 
 def parse_levels(text: str) -> tuple[tuple[str, str], ...]:
@@ -93,6 +102,9 @@ class ExtenderSettings(ServingSettings):
     expire_interval_s: float = Field(1.0, gt=0)
     bind_timeout_s: float = Field(4.0, gt=0)
     """Budget of the API calls of one bind; below kube-scheduler's 5 s httpTimeout."""
+    max_cache_age_s: float = Field(30.0, ge=0)
+    """Seconds since kube-apiserver was last heard on a watch before the cache is stale:
+    /readyz says 503 and /filter, /prioritize, /bind and /preempt refuse. 0: never."""
     recent_pods: int = Field(10_000, ge=0)
     """Pods kept from the last requests (``wire.RecentPods``): /prioritize reads the pod
     /filter decoded, and a /bind that comes before the watch shows its pod finds it."""
@@ -128,8 +140,22 @@ class ExtenderSettings(ServingSettings):
                 "bind pods. Give --tls-cert/--tls-key (and --client-ca), listen on a "
                 "loopback address, or pass --insecure-bind-any"
             )
+        if 0 < self.max_cache_age_s < MIN_CACHE_AGE_S:
+            raise ValueError(
+                f"--max-cache-age must be 0 (off) or at least {MIN_CACHE_AGE_S:g} seconds, "
+                f"got {self.max_cache_age_s:g}: the watches must be heard from within it"
+            )
         self.to_config()  # a bad level or weight is a settings error, not a crash later
         return self
+
+    @property
+    def watch_timeout_s(self) -> int:
+        """The watches' ``timeoutSeconds`` ``t``: the informer asks for [t, 2t), and
+        kube-apiserver sends a bookmark 2 s before the end, so even a watch with nothing
+        to report is heard within 2t, at most two thirds of ``max_cache_age_s``."""
+        if not self.max_cache_age_s:
+            return UNBOUNDED_WATCH_S
+        return int(self.max_cache_age_s // 3)
 
     @property
     def tls(self) -> bool:

@@ -14,8 +14,15 @@ no ``Error`` field and kube-scheduler ignores a failing prioritize anyway, so it
 node helps".
 
 Bind is split because its middle is I/O: ``plan_bind`` decides the GPUs (or answers at
-once), the shell assumes them in the cache, patches ``tessera.dev/gpu-indices``, posts
-the Binding, and answers with ``bind_reply``.
+once), the shell assumes them in the cache, posts the Binding (which carries
+``tessera.dev/gpu-indices`` onto the pod), and answers with ``bind_reply``.
+
+A stale cache (``stale_cache``: a watch not heard from for longer than the limit) decides
+nothing: filter and bind answer ``Error``, so kube-scheduler fails the attempt and
+retries the pod after its backoff; prioritize and preempt have no ``Error`` field and
+answer HTTP 503, which kube-scheduler takes as no scores from the extender (it scores
+with its own plugins) and as a failed preemption (retried, rather than evict victims
+chosen on an old view of who holds which GPU).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from extender.config import ExtenderConfig
 
 OK = 200
 BAD_REQUEST = 400
+UNAVAILABLE = 503
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +53,34 @@ class Reply:
 
 def _bad(reason: str) -> Reply:
     return Reply(BAD_REQUEST, wire.encode_bad_request(reason), note=reason)
+
+
+def stale_cache(ages: Mapping[str, float], limit_s: float) -> str:
+    """Why the cache is too old to decide with: each watch (by resource) whose
+    kube-apiserver was last heard more than ``limit_s`` seconds ago. ``""``: every one
+    was heard within it, or ``limit_s`` is 0 (no limit)."""
+    if not limit_s:
+        return ""
+    old = [
+        f"the {resource} watch last heard from kube-apiserver {age:.0f} s ago"
+        for resource, age in ages.items()
+        if age > limit_s
+    ]
+    if not old:
+        return ""
+    return (
+        f"the extender's cache is stale: {' and '.join(old)} "
+        f"(more than --max-cache-age {limit_s:g} s); retry once it has caught up"
+    )
+
+
+def stale_reply(verb: str, reason: str) -> Reply:
+    """The answer of ``verb`` when the cache is stale (``stale_cache``)."""
+    if verb == "filter":
+        return Reply(OK, wire.encode_filter_error(reason), note=reason)
+    if verb == "bind":
+        return bind_reply(reason)
+    return Reply(UNAVAILABLE, wire.encode_bad_request(reason), note=reason)
 
 
 _NO_CANDIDATES = "the request names no nodes: Nodes and NodeNames are both null"

@@ -4,7 +4,8 @@ Layer: I/O. An aiohttp server on 127.0.0.1 that serves what the extender's infor
 ``ApiBinder`` use, and nothing else: ``GET /api/v1/nodes|pods`` (one page, with the
 list's resourceVersion), the same with ``watch=true`` (newline-delimited JSON events
 from a resourceVersion, ``ERROR`` 410 when it is older than the kept history), ``GET``
-and merge ``PATCH`` of one pod, and ``POST .../pods/{name}/binding``. The simulator
+of one pod, and ``POST .../pods/{name}/binding`` (copying the Binding's annotations onto
+the pod, as kube-apiserver does). The simulator
 (kube-apiserver's other clients: the job controller, the kubelet) writes through
 ``put``/``delete`` in the same process. It also takes the writes a remote-mode run
 makes through a kubeconfig (``loadtest.remote_pods``): namespaces (GET, POST, DELETE),
@@ -52,19 +53,6 @@ def _status(code: int, reason: str, message: str) -> web.Response:
     return web.Response(status=code, body=jsonio.dumps(body), content_type="application/json")
 
 
-def _merge(target: Any, patch: Any) -> Any:
-    """RFC 7386 merge patch (what the binder sends for the annotation)."""
-    if not isinstance(patch, dict):
-        return patch
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = _merge(result.get(key), value)
-    return result
-
-
 @dataclass(slots=True, eq=False)
 class _Watcher:
     collection: str
@@ -96,7 +84,6 @@ class MiniApiServer:
         app.router.add_get("/api/v1/namespaces/{name}", self._get_namespace)
         app.router.add_delete("/api/v1/namespaces/{name}", self._delete_namespace)
         app.router.add_post("/api/v1/namespaces", self._create_namespace)
-        app.router.add_patch("/api/v1/namespaces/{namespace}/pods/{name}", self._patch)
         app.router.add_post("/api/v1/namespaces/{namespace}/pods/{name}/binding", self._bind)
         self.app = app
 
@@ -211,19 +198,6 @@ class MiniApiServer:
             return _status(404, "NotFound", f"pods {key!r} not found")
         return web.Response(body=jsonio.dumps(obj), content_type="application/json")
 
-    async def _patch(self, request: web.Request) -> web.Response:
-        key = f"{request.match_info['namespace']}/{request.match_info['name']}"
-        obj = self.store[PODS].get(key)
-        if obj is None:
-            return _status(404, "NotFound", f"pods {key!r} not found")
-        patch = jsonio.loads(await request.read())
-        uid = (patch.get("metadata") or {}).get("uid")
-        if uid is not None and uid != obj["metadata"].get("uid"):
-            return _status(409, "Conflict", f"pod {key} has another uid")
-        patched = _merge(obj, patch)
-        self.put(PODS, patched)
-        return web.Response(body=jsonio.dumps(patched), content_type="application/json")
-
     async def _bind(self, request: web.Request) -> web.Response:
         key = f"{request.match_info['namespace']}/{request.match_info['name']}"
         obj = self.store[PODS].get(key)
@@ -231,10 +205,22 @@ class MiniApiServer:
             return _status(404, "NotFound", f"pods {key!r} not found")
         binding = jsonio.loads(await request.read())
         node = binding["target"]["name"]
+        meta = binding.get("metadata") or {}
+        uid = meta.get("uid")
+        if uid and uid != obj["metadata"].get("uid"):
+            return _status(409, "Conflict", f"pod {key} has another uid")
         if obj["spec"].get("nodeName"):
             return _status(409, "Conflict", f"pod {key} is already assigned to a node")
         bound = dict(obj)
         bound["spec"] = {**obj["spec"], "nodeName": node}
+        # as kube-apiserver does: the Binding's annotations land on the pod as it is bound
+        annotations = meta.get("annotations") or {}
+        if annotations:
+            old_annotations = obj["metadata"].get("annotations") or {}
+            bound["metadata"] = {
+                **obj["metadata"],
+                "annotations": {**old_annotations, **annotations},
+            }
         bound["status"] = {**obj.get("status", {}), "phase": "Running"}
         self.put(PODS, bound)
         self.bindings += 1

@@ -166,9 +166,10 @@ def _flavor(name: str, product: str, spot: bool, topology: bool) -> dict[str, An
     }
     if spot:
         spec["nodeTaints"] = [{"key": SPOT_TAINT, "value": "true", "effect": "NoSchedule"}]
+    flavor = _kueue("ResourceFlavor", name, spec=spec)
     if topology:
-        spec["topologyName"] = TOPOLOGY
-    return _kueue("ResourceFlavor", name, spec=spec)
+        flavor["metadata"]["annotations"] = {keys.FLAVOR_TOPOLOGY: TOPOLOGY}
+    return flavor
 
 
 def _cluster_queue(name: str, cohort: str, rng: random.Random, captured: bool) -> dict[str, Any]:

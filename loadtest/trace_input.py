@@ -81,8 +81,11 @@ def trace_policy(
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "ResourceFlavor",
-            "metadata": {"name": flavor_name(m)},
-            "spec": {"nodeLabels": {labels.GFD_PRODUCT: m}, "topologyName": TOPOLOGY},
+            "metadata": {
+                "name": flavor_name(m),
+                "annotations": {labels.FLAVOR_TOPOLOGY: TOPOLOGY},
+            },
+            "spec": {"nodeLabels": {labels.GFD_PRODUCT: m}},
         }
         for m in models
     )

@@ -259,7 +259,10 @@ def flavor_obj(
     *,
     taints: list[dict[str, str]] | None = None,
     topology: str | None = None,
+    tessera_topology: str | None = None,
 ) -> dict[str, Any]:
+    """``topology``: Kueue's ``spec.topologyName`` (Kueue places by it, mode B);
+    ``tessera_topology``: Tessera's annotation (Tessera places by it, mode A)."""
     spec: dict[str, Any] = {}
     if node_labels is not None:
         spec["nodeLabels"] = node_labels
@@ -267,7 +270,10 @@ def flavor_obj(
         spec["nodeTaints"] = taints
     if topology:
         spec["topologyName"] = topology
-    return {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": name}, "spec": spec}
+    metadata: dict[str, Any] = {"name": name}
+    if tessera_topology:
+        metadata["annotations"] = {keys.FLAVOR_TOPOLOGY: tessera_topology}
+    return {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": metadata, "spec": spec}
 
 
 Quota = tuple[Any, ...]

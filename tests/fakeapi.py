@@ -2,8 +2,9 @@
 
 Layer: test support (I/O). Plays the parts of kube-apiserver that Tessera talks to, over
 real sockets: LIST with resourceVersion and ``limit``/``continue`` pages from one
-snapshot, WATCH as chunked newline-delimited JSON with bookmarks, GET, POST (create and
-``pods/binding``), PATCH (merge, strategic as merge, JSON patch), bearer-token checks and
+snapshot, WATCH as chunked newline-delimited JSON with bookmarks, GET, POST (create, and
+``pods/binding`` with kube-apiserver's checks and its copy of the Binding's annotations
+onto the pod), PATCH (merge, strategic as merge, JSON patch), bearer-token checks and
 TLS. Tests steer it from outside, the way a cluster misbehaves: hold back events, compact
 history (410 Gone as an ERROR event or as HTTP 410), end watches (server-side timeout),
 drop connections mid-stream, fail the next requests. Must not import Tessera code: it is
@@ -560,18 +561,57 @@ class FakeApiServer:
         return _json_response(self.put(collection, patched))
 
     async def _bind(self, request: web.Request) -> web.StreamResponse:
+        """``pods/{name}/binding`` as kube-apiserver v1.36 serves it (``BindingREST`` in
+        pkg/registry/core/pod/storage/storage.go): the Binding's name and namespace must
+        be the URL's; its ``metadata.uid`` (and ``resourceVersion``) are preconditions;
+        a pod being deleted or already bound is a conflict; ``setPodNodeAndMetadata``
+        sets ``spec.nodeName``, copies the Binding's annotations onto the pod (over any
+        of the same key) and marks it scheduled, in one update."""
         namespace, name = request.match_info["namespace"], request.match_info["name"]
+        binding = jsonio.loads(await request.read())
+        meta = binding.get("metadata") or {}
+        if meta.get("name") != name:
+            return _status_response(
+                400, "BadRequest", "name in URL does not match name in Binding object"
+            )
+        if meta.get("namespace", namespace) != namespace:
+            return _status_response(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent "
+                "on the request",
+            )
+        node = (binding.get("target") or {}).get("name", "")
+        if not node:
+            return _status_response(422, "Invalid", "target.name: Required value")
         pod = self.store.get("/api/v1/pods", {}).get(f"{namespace}/{name}")
         if pod is None:
             return _status_response(404, "NotFound", f'pods "{name}" not found')
-        node = jsonio.loads(await request.read()).get("target", {}).get("name", "")
+        stored = pod["metadata"]
+        conflict = ""
+        for field_name in ("uid", "resourceVersion"):
+            wanted = meta.get(field_name)
+            if wanted and wanted != stored.get(field_name):
+                conflict = (
+                    f"Precondition failed: {field_name} in precondition: {wanted}, "
+                    f"{field_name} in object meta: {stored.get(field_name)}"
+                )
         bound = pod.get("spec", {}).get("nodeName")
-        if bound:
-            return _status_response(
-                409, "Conflict", f"pod {name} is already assigned to node {bound!r}"
-            )
+        if not conflict and stored.get("deletionTimestamp"):
+            conflict = f"pod {name} is being deleted, cannot be assigned to a host"
+        if not conflict and bound:
+            conflict = f"pod {name} is already assigned to node {bound!r}"
+        if conflict:
+            message = f'Operation cannot be fulfilled on pods/binding "{name}": {conflict}'
+            return _status_response(409, "Conflict", message)
         pod = copy.deepcopy(pod)
         pod.setdefault("spec", {})["nodeName"] = node
+        annotations = meta.get("annotations") or {}
+        if annotations:
+            pod["metadata"].setdefault("annotations", {}).update(annotations)
+        conditions = pod.setdefault("status", {}).setdefault("conditions", [])
+        conditions[:] = [c for c in conditions if c.get("type") != "PodScheduled"]
+        conditions.append({"type": "PodScheduled", "status": "True"})
         self.put("/api/v1/pods", pod)
         return _json_response(status_body(201, "", ""), status=201)
 

@@ -77,6 +77,16 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> WebhookSe
         help="deadline in seconds of a review without ?timeout= (kube-apiserver sends one; "
         "default 10)",
     )
+    flag(
+        "job-controller-usernames",
+        help="comma-separated users whose pods owned by an existing Job are let through "
+        "unchanged (default: the Job controller's; empty: any user)",
+    )
+    flag(
+        "jobset-controller-usernames",
+        help="likewise for Jobs owned by an existing JobSet (default: the JobSet "
+        "controller's; empty: any user)",
+    )
     flag("log-level", help="DEBUG, INFO, WARNING (default INFO)")
     parser.add_argument(
         "--log-json",
@@ -86,13 +96,19 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> WebhookSe
     args = parser.parse_args(argv)
     values = {k: v for k, v in vars(args).items() if v is not None}
     if "managed_namespaces" in values:
-        values["managed_namespaces"] = frozenset(
-            n.strip() for n in values["managed_namespaces"].split(",") if n.strip()
-        )
+        values["managed_namespaces"] = frozenset(_names(values["managed_namespaces"]))
+    for usernames in ("job_controller_usernames", "jobset_controller_usernames"):
+        if usernames in values:
+            values[usernames] = _names(values[usernames])
     try:
         return WebhookSettings(**values)
     except ValidationError as exc:
         parser.exit(2, f"python -m webhook: error: {one_line(exc)}\n")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """A comma-separated list; empty for an empty text."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

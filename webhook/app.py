@@ -19,16 +19,19 @@ from aiohttp import web
 from cluster import jsonio, serving
 from cluster.clock import Clock, SystemClock
 from cluster.deadline import asked_timeout
+from cluster.files import load_objects
 from cluster.guard import ConnectionGuard, TimeoutOf
 from cluster.kube import KubeClient, KubeConfig
 from webhook.metrics import WebhookMetrics
+from webhook.owners import ControllerUsers
 from webhook.policy import AdmitConfig
 from webhook.review_flow import review
 from webhook.settings import MAX_TIMEOUT_S, WebhookSettings
-from webhook.source import PolicyStore, watch_policy
+from webhook.source import OwnerSource, PolicyStore, watch_owners, watch_policy
 
 SETTINGS = web.AppKey("settings", WebhookSettings)
 STORE = web.AppKey("store", PolicyStore)
+OWNERS = web.AppKey("owners", OwnerSource)
 CONFIG = web.AppKey("config", AdmitConfig)
 CLOCK = web.AppKey("clock", Clock)
 METRICS = web.AppKey("metrics", WebhookMetrics)
@@ -62,9 +65,10 @@ def review_timeout(settings: WebhookSettings) -> TimeoutOf:
     return timeout_of
 
 
-def mutate_handler(
+def mutate_handler(  # noqa: PLR0917 - what the handler binds once, each by its type
     settings: WebhookSettings,
     store: PolicyStore,
+    owners: OwnerSource,
     config: AdmitConfig,
     clock: Clock,
     metrics: WebhookMetrics,
@@ -86,7 +90,12 @@ def mutate_handler(
         if late is not None:
             return late
         start = clock.monotonic()
-        outcome = review(body, store.current(), config)
+        outcome = review(body, store.current(), config, owners.view())
+        if outcome.unconfirmed is not None:
+            # the object names a controller the watch cache lacks: ask the API once
+            view = await owners.confirm(outcome.unconfirmed)
+            if view is not None:
+                outcome = review(body, store.current(), config, view)
         metrics.observe(outcome, clock.monotonic() - start)
         return web.Response(status=outcome.status, body=outcome.body, content_type=JSON)
 
@@ -96,25 +105,34 @@ def mutate_handler(
 async def _watch_kueue(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     config = await KubeConfig.of(settings.kubeconfig, app[ENVIRON])
+    owners = app[OWNERS]
     async with (
         KubeClient(config, user_agent="tessera-webhook") as client,
         serving.background(
             watch_policy(app[STORE], client, settings.kueue_version), "watch Kueue objects"
         ),
+        serving.background(watch_owners(owners.store, client), "watch Jobs and JobSets"),
     ):
-        yield
+        owners.client = client
+        try:
+            yield
+        finally:
+            owners.client = None
 
 
 def create_app(
     settings: WebhookSettings,
     *,
     store: PolicyStore | None = None,
+    owners: OwnerSource | None = None,
     clock: Clock | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> web.Application:
     """The webhook app. With no ``store``, the policy comes from ``settings``: a file now,
     or Kueue watches started with the app (in-cluster discovery reads ``environ``, which
-    only ``__main__`` takes from the process)."""
+    only ``__main__`` takes from the process); the Jobs and JobSets that may own what is
+    reviewed come from the same place. With a ``store`` and no ``owners``, no owner is
+    known: a claimed one is unverified, and the object is judged as its own."""
     clock = clock or SystemClock()
     app = web.Application(client_max_size=settings.max_body_bytes)
     app[SETTINGS] = settings
@@ -123,14 +141,23 @@ def create_app(
     app[CONFIG] = AdmitConfig(
         scheduler_name=settings.scheduler_name,
         managed_namespaces=settings.managed_namespaces,
+        controllers=ControllerUsers(
+            job=frozenset(settings.job_controller_usernames),
+            jobset=frozenset(settings.jobset_controller_usernames),
+        ),
     )
     if store is None:
         store = PolicyStore(clock)
+        owners = owners or OwnerSource()
         if settings.policy_file is not None:
-            store.load_file(str(settings.policy_file))
+            # No API to ask: only the Jobs and JobSets the file holds are known to exist.
+            objects = load_objects(settings.policy_file)
+            store.load(objects)
+            owners.store.load(objects)
         else:
             app.cleanup_ctx.append(_watch_kueue)
     app[STORE] = store
+    app[OWNERS] = owners or OwnerSource()
     app[METRICS] = WebhookMetrics(store.age_s)
     app[serving.GC_PAUSES] = app[METRICS].gc_pauses
     guard = serving.guard_app(
@@ -142,7 +169,8 @@ def create_app(
         prefix="tessera_webhook",
     )
     app.router.add_post(
-        "/mutate", mutate_handler(settings, store, app[CONFIG], clock, app[METRICS], guard=guard)
+        "/mutate",
+        mutate_handler(settings, store, app[OWNERS], app[CONFIG], clock, app[METRICS], guard=guard),
     )
     serving.add_probes(
         app,

@@ -10,7 +10,10 @@ writes into the draft, keeping every value the user set. The patch is ``diff(ori
 (``webhook.patch``). Every rule is idempotent: ``admit`` applied to its own output
 changes nothing, which is what kube-apiserver's ``reinvocationPolicy: IfNeeded`` needs.
 
-The rules, in the order they run (the first denial wins):
+The rules, in the order they run (the first denial wins), for every workload but those
+the Job and JobSet controllers made, which are let through as they are: a controller
+ownerReference, from that controller's username, to an owner that exists with that uid
+(``webhook.owners``; any other ownerReference changes nothing):
 
 1. ``rule_queue``: the ``kueue.x-k8s.io/queue-name`` LocalQueue, or the namespace's
    default queue for a GPU workload with no label.
@@ -70,12 +73,22 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from cluster import labels
 from cluster.convert import AnnotationError, parse_topology
+from cluster.echo import ECHO_LIMIT, echo
 from cluster.model import MILLI_PER_GPU, GangId, TopologyMode, product_matches
+from webhook.owners import (
+    DEFAULT_CONTROLLERS,
+    NO_OWNERS,
+    ControllerUsers,
+    OwnerKey,
+    OwnerVerdict,
+    OwnerView,
+    judge_owner,
+)
 from webhook.patch import Draft, PatchError, clone
 from webhook.queues import (
     ClusterQueue,
@@ -106,6 +119,11 @@ INVALID: Final = 422
 
 DEFAULT_SCHEDULER: Final = "default-scheduler"
 """What kube-apiserver writes into ``schedulerName`` when the user chose nothing."""
+UNKNOWN_QUEUE: Final = "unknown"
+"""The ``queue`` a decision reports (for metrics) when the object names a LocalQueue that
+does not exist: what it names is the user's to choose, and must not become a label."""
+GANG_MIN_DIGITS: Final = 9
+"""The most digits a gang-min annotation may have."""
 GANG_ID_MAX: Final = 63
 """A label value's maximum length."""
 _NAME_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
@@ -125,6 +143,8 @@ class AdmitConfig:
     scheduler_name: str = labels.DEFAULT_SCHEDULER_NAME
     managed_namespaces: frozenset[str] = frozenset()
     """Namespaces where a GPU workload without a queue is denied; ``*`` means all."""
+    controllers: ControllerUsers = DEFAULT_CONTROLLERS
+    """Who the Job and JobSet controllers' requests come from (``webhook.owners``)."""
 
     def manages(self, namespace: str) -> bool:
         return namespace in self.managed_namespaces or "*" in self.managed_namespaces
@@ -139,6 +159,10 @@ class Allowed:
     reason: str = "admitted"
     """For metrics: ``admitted``, ``validated`` or why the object was let through as is."""
     queue: str = ""
+    """For metrics: a LocalQueue of the policy, ``UNKNOWN_QUEUE``, or empty (none named)."""
+    unconfirmed: OwnerKey | None = None
+    """The controller the object claims, which the view lacked: found by one GET, it
+    would let the object through as is (see ``admit``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +174,9 @@ class Denied:
     """For metrics: the rule that denied (``queue``, ``quota``, …)."""
     message: str
     queue: str = ""
+    """For metrics: a LocalQueue of the policy, ``UNKNOWN_QUEUE``, or empty (none named)."""
+    unconfirmed: OwnerKey | None = None
+    """As ``Allowed.unconfirmed``."""
 
     @property
     def status_reason(self) -> str:
@@ -213,7 +240,8 @@ def rule_queue(
                 FORBIDDEN,
                 "queue",
                 f"{workload.kind_word} {workload.display_name} uses GPUs but has no "
-                f"{labels.QUEUE_NAME} label, and namespace {namespace} has no default "
+                f"{labels.QUEUE_NAME} label, and namespace {echo(namespace, quote=False)} "
+                "has no default "
                 f"queue; set the label to one of the {_queues_there(policy, namespace)}",
             )
         out.node(("metadata", "labels"))[labels.QUEUE_NAME] = local.name
@@ -223,9 +251,9 @@ def rule_queue(
             return Denied(
                 FORBIDDEN,
                 "queue",
-                f"LocalQueue {name!r} (label {labels.QUEUE_NAME}) does not exist in "
-                f"namespace {namespace}; {_queues_there(policy, namespace)}",
-                queue=name,
+                f"LocalQueue {echo(name)} (label {labels.QUEUE_NAME}) does not exist in "
+                f"namespace {echo(namespace, quote=False)}; {_queues_there(policy, namespace)}",
+                queue=UNKNOWN_QUEUE,
             )
         local = found
     cluster = policy.cluster_queue(local.cluster_queue)
@@ -234,7 +262,7 @@ def rule_queue(
         return Denied(
             FORBIDDEN,
             "queue",
-            f"LocalQueue {local.name} in namespace {namespace} points at ClusterQueue "
+            f"LocalQueue {local.name} in namespace {local.namespace} points at ClusterQueue "
             f"{local.cluster_queue}, which does not exist; ask your cluster admin to fix "
             f"it, or use another queue ({_names(others)})",
             queue=local.name,
@@ -246,7 +274,10 @@ def _queues_there(policy: Policy, namespace: str) -> str:
     existing = policy.queues_in(namespace)
     if existing:
         return f"queues in namespace {namespace}: {_names(existing)}"
-    return f"namespace {namespace} has no LocalQueue; ask your cluster admin for one"
+    return (
+        f"namespace {echo(namespace, quote=False)} has no LocalQueue; ask your cluster admin "
+        "for one"
+    )
 
 
 # ---------------------------------------------------------------- rule 2: suspend
@@ -281,7 +312,7 @@ def rule_priority(
         return Denied(
             FORBIDDEN,
             "priority",
-            f"WorkloadPriorityClass {name!r} (label {labels.PRIORITY_CLASS}) does not exist; "
+            f"WorkloadPriorityClass {echo(name)} (label {labels.PRIORITY_CLASS}) does not exist; "
             f"use one of: {_names(policy.priority_class_names)}, or remove the label to get "
             f"the default of {queue}",
             queue=queue.local.name,
@@ -351,7 +382,8 @@ def rule_flavors(
                 FORBIDDEN,
                 "flavor",
                 f"{workload.kind_word} {workload.display_name} accepts GPU products "
-                f"{' or '.join(accepted)} (annotation {labels.GPU_PRODUCT}), but {queue} "
+                f"{echo(' or '.join(accepted), quote=False)} (annotation "
+                f"{labels.GPU_PRODUCT}), but {queue} "
                 f"offers {_describe(offered)}; change the annotation or use a queue that "
                 "offers those GPUs",
                 queue=queue.local.name,
@@ -475,10 +507,12 @@ def _amount(resource: str, units: int) -> str:
 
 
 def _breakdown(ask: GpuAsk) -> str:
-    return " + ".join(
-        f"{name + ': ' if name else ''}{_plural(count, 'pod')} × {each}"  # noqa: RUF001
+    text = " + ".join(
+        f"{echo(name, quote=False) + ': ' if name else ''}{_plural(count, 'pod')} × {each}"  # noqa: RUF001
         for name, count, each in ask.parts
     )
+    # a JobSet may have thousands of replicated jobs: say how they add up, not each one
+    return echo(text, quote=False, limit=3 * ECHO_LIMIT)
 
 
 def _why_borrowable(limit: Limit, cluster: ClusterQueue) -> str:
@@ -593,7 +627,12 @@ def gang_id(namespace: str, name: str, generate_name: str, request_uid: str) -> 
 
 def _positive_count(value: str) -> int | None:
     text = value.strip()
-    return int(text) if text.isdigit() and int(text) >= 1 else None
+    # ASCII digits only (int() refuses '²', which isdigit() accepts), and few of them: no
+    # gang has a billion pods, and int() refuses a 60,000-digit string with a ValueError
+    if not (text.isascii() and text.isdigit() and len(text) <= GANG_MIN_DIGITS):
+        return None
+    count = int(text)
+    return count if count >= 1 else None
 
 
 def _user_gang_min(workload: Workload) -> str | None:
@@ -648,7 +687,7 @@ def rule_gang(
             return Denied(
                 INVALID,
                 "gang",
-                f"annotation {labels.GANG_MIN}={raw_min!r} must be a whole number from 1 to "
+                f"annotation {labels.GANG_MIN}={echo(raw_min)} must be a whole number from 1 to "
                 f"the {_plural(size, 'pod')} of {workload.kind_word} "
                 f"{workload.display_name}; fix it or remove it (default: all pods)",
                 queue=queue.local.name,
@@ -686,7 +725,7 @@ def rule_gang(
             return Denied(
                 INVALID,
                 "gang",
-                f"pod template {template.pointer} has annotation {labels.GANG_SIZE}={given!r}, "
+                f"pod template {template.pointer} has annotation {labels.GANG_SIZE}={echo(given)}, "
                 f"but {workload.kind_word} {workload.display_name} makes "
                 f"{_plural(size, 'pod')}; remove the annotation (the webhook sets it)",
                 queue=queue.local.name,
@@ -697,7 +736,7 @@ def rule_gang(
                 INVALID,
                 "gang",
                 f"pod template {template.pointer} has annotation {labels.GANG_MIN}="
-                f"{given_min!r}, but the {workload.kind_word} asks for {min_count}; set "
+                f"{echo(given_min)}, but the {workload.kind_word} asks for {min_count}; set "
                 f"{labels.GANG_MIN} once, on the {workload.kind_word}",
                 queue=queue.local.name,
             )
@@ -733,7 +772,7 @@ def _check_level(
         return Denied(
             FORBIDDEN,
             "topology",
-            f"annotation {labels.TOPOLOGY}={value!r} on {where}: the flavors {queue} allows "
+            f"annotation {labels.TOPOLOGY}={echo(value)} on {where}: the flavors {queue} allows "
             f"({_names(f.name for f in flavors)}) have no Topology; remove the annotation or "
             "use a queue with topology-aware flavors",
             queue=queue.local.name,
@@ -747,14 +786,15 @@ def _check_level(
         return Denied(
             FORBIDDEN,
             "topology",
-            f"annotation {labels.TOPOLOGY}={value!r} on {where}: {constraint.level!r} is not a "
-            f"level of the allowed flavors' topology ({levels}); use one of those levels",
+            f"annotation {labels.TOPOLOGY}={echo(value)} on {where}: "
+            f"{echo(constraint.level)} is not a level of the allowed flavors' topology "
+            f"({levels}); use one of those levels",
             queue=queue.local.name,
         )
     if constraint.mode is TopologyMode.REQUIRED and len(having) < len(flavors):
         lacking = [f.name for f in flavors if f not in having]
         return (
-            f"flavors {_names(lacking)} have no topology level {constraint.level!r}; "
+            f"flavors {_names(lacking)} have no topology level {echo(constraint.level)}; "
             "Kueue may still place the job there",
         )
     return ()
@@ -767,8 +807,17 @@ def rule_topology(
     policy: Policy,
     out: Draft,
 ) -> Notes | Denied:
-    """The topology annotation must name a level of the flavors' Topology; copied down."""
+    """The topology annotation must name a level of the flavors' Topology.
+
+    Who acts on it depends on the flavors (README, "With Kueue"). Mode A, flavors that name
+    their Topology in ``tessera.dev/topology-name``: copied onto the pod templates, where the
+    extender keeps the gang within the level. Mode B, a flavor with ``spec.topologyName``:
+    Kueue's topology-aware scheduling picks the nodes before kube-scheduler sees the pods,
+    so the level goes to Kueue as its pod-set annotation (the level's node label) and is
+    not copied, lest the extender second-guess the nodes Kueue chose.
+    """
     value = workload.annotations.get(labels.TOPOLOGY)
+    kueue_flavors = [f for f in flavors if f.kueue_topology]
     notes: list[str] = []
     if value is not None:
         checked = _check_level(
@@ -779,18 +828,57 @@ def rule_topology(
         notes.extend(checked)
     for template in workload.templates:
         own = template.annotations.get(labels.TOPOLOGY)
-        if own is not None:
-            if own != value:
-                checked = _check_level(
-                    own, f"pod template {template.pointer}", flavors, policy, queue
-                )
-                if isinstance(checked, Denied):
-                    return checked
-                notes.extend(checked)
+        if own is not None and own != value:
+            checked = _check_level(own, f"pod template {template.pointer}", flavors, policy, queue)
+            if isinstance(checked, Denied):
+                return checked
+            notes.extend(checked)
+        effective = own if own is not None else value
+        if effective is None:
             continue
-        if value is not None:
-            out.set_default((*template.metadata_path, "annotations"), labels.TOPOLOGY, value)
+        if kueue_flavors:
+            notes.extend(_ask_kueue(effective, template, flavors, policy, out))
+        elif own is None:
+            out.set_default((*template.metadata_path, "annotations"), labels.TOPOLOGY, effective)
     return tuple(dict.fromkeys(notes))
+
+
+def _ask_kueue(
+    value: str,
+    template: PodTemplate,
+    flavors: Sequence[Flavor],
+    policy: Policy,
+    out: Draft,
+) -> Notes:
+    """Kueue's pod-set topology annotation for ``value`` (checked already) on ``template``."""
+    kueue_flavors = [f for f in flavors if f.kueue_topology]
+    constraint = parse_topology(value)
+    node_label = next(
+        (
+            label
+            for f in kueue_flavors
+            if f.topology_name is not None
+            and (topology := policy.topology(f.topology_name)) is not None
+            and (label := topology.node_label(constraint.level)) is not None
+        ),
+        None,
+    )
+    if node_label is None:
+        return ()
+    key = (
+        labels.KUEUE_REQUIRED_TOPOLOGY
+        if constraint.mode is TopologyMode.REQUIRED
+        else labels.KUEUE_PREFERRED_TOPOLOGY
+    )
+    out.set_default((*template.metadata_path, "annotations"), key, node_label)
+    notes = [f"topology {value.strip()}: Kueue's topology-aware scheduling places the pods ({key})"]
+    if len(kueue_flavors) < len(flavors):
+        others = [f.name for f in flavors if not f.kueue_topology]
+        notes.append(
+            f"flavors {_names(others)} have no spec.topologyName: Kueue admits a job that "
+            "asks for a topology only to flavors that have one"
+        )
+    return tuple(notes)
 
 
 # ---------------------------------------------------------------- rule 8: time limit
@@ -864,12 +952,11 @@ def rule_scheduler(workload: Workload, config: AdmitConfig, out: Draft) -> Notes
 
 
 def _shown(value: str | None) -> str:
-    return "unset" if value is None else repr(value)
+    return "unset" if value is None else echo(value)
 
 
 def check_update(new: Workload, old: Workload) -> Denied | None:
     """UPDATE: the queue label is fixed once running, the gang metadata for good."""
-    queue = new.queue_name or ""
     if new.queue_name != old.queue_name and not (old.suspended and new.suspended):
         return Denied(
             INVALID,
@@ -877,7 +964,6 @@ def check_update(new: Workload, old: Workload) -> Denied | None:
             f"label {labels.QUEUE_NAME} cannot change from {_shown(old.queue_name)} to "
             f"{_shown(new.queue_name)} while {new.kind_word} {new.display_name} is admitted or "
             "running; suspend it first, or create a new one in the other queue",
-            queue=queue,
         )
     checks = [
         (new.annotations.get(labels.GANG_MIN), old.annotations.get(labels.GANG_MIN),
@@ -902,7 +988,6 @@ def check_update(new: Workload, old: Workload) -> Denied | None:
                 f"{what}{at} cannot change after creation (was {_shown(before)}, now "
                 f"{_shown(now)}); delete and re-create {new.kind_word} {new.display_name} "
                 "to change its gang",
-                queue=queue,
             )
     return None
 
@@ -915,10 +1000,19 @@ def admit(
     policy: Policy,
     config: AdmitConfig,
     *,
+    owners: OwnerView = NO_OWNERS,
     placeholder: GangId | None = None,
 ) -> Decision:
     """The webhook's whole decision for one AdmissionReview request; with
-    ``placeholder``, a gang id made from the name is written as that instead."""
+    ``placeholder``, a gang id made from the name is written as that instead.
+
+    An object made by the Job or JobSet controller (its controller ownerReference, the
+    sender and ``owners`` say so: ``webhook.owners.judge_owner``) is let through as it
+    is: its template was admitted with its owner. Any other object is judged as a
+    workload of its own, whatever ownerReferences it carries. When only the owner's
+    absence from ``owners`` stood in the way and the answer is not "allowed as is", the
+    decision names that owner (``unconfirmed``) so that the caller may fetch it and
+    decide again with ``owners.with_fetched``."""
     obj = request.object
     kind = request.workload_kind
     if kind is None or obj is None:
@@ -929,17 +1023,61 @@ def admit(
         workload = workload_from_object(obj, kind, request.namespace)
     except WorkloadError as exc:
         return Denied(INVALID, "invalid", f"{kind.value} is not valid: {exc}")
-    if workload.owned_by_workload:
+    verdict = judge_owner(
+        workload.owners, workload.namespace, request.user.username, owners, config.controllers
+    )
+    if verdict.owned:
         return Allowed(obj, reason="owned")
+    decision = _judge(request, workload, policy, config, placeholder=placeholder)
+    if verdict.refused:
+        return _claim_refused(decision, verdict, workload)
+    return decision
+
+
+def _judge(
+    request: ReviewRequest,
+    workload: Workload,
+    policy: Policy,
+    config: AdmitConfig,
+    *,
+    placeholder: GangId | None,
+) -> Decision:
+    """The rules, for a workload of its own."""
     if not workload.uses_gpu:
-        return Allowed(obj, reason="no-gpu")
+        return Allowed(workload.obj, reason="no-gpu")
     if request.operation == "UPDATE":
-        return _validate_update(request, workload, kind)
+        return _validate_update(request, workload, workload.kind, policy)
     return _mutate(workload, request.uid, policy, config, placeholder)
 
 
-def _validate_update(request: ReviewRequest, workload: Workload, kind: WorkloadKind) -> Decision:
-    queue = workload.queue_name or ""
+def _claim_refused(decision: Decision, verdict: OwnerVerdict, workload: Workload) -> Decision:
+    """``decision`` on an object whose claimed controller was not taken. A user whose
+    object is changed learns why it was judged at all; and where the answer is not to
+    let it through as is, a claim the view could not confirm is named for a GET."""
+    as_is = isinstance(decision, Allowed) and decision.object is workload.obj
+    unconfirmed = verdict.claimed if verdict.confirmable and not as_is else None
+    if isinstance(decision, Allowed) and not as_is:
+        note = (
+            f"{workload.kind_word} {workload.display_name} is judged as a {workload.kind_word} "
+            f"of its own, not as made by its controller: {verdict.refused}"
+        )
+        return replace(decision, warnings=(*decision.warnings, note), unconfirmed=unconfirmed)
+    return replace(decision, unconfirmed=unconfirmed) if unconfirmed is not None else decision
+
+
+def queue_label(policy: Policy, namespace: str, name: str | None) -> str:
+    """What a decision reports as its queue: ``name`` when it is a LocalQueue of the
+    policy, else ``UNKNOWN_QUEUE``; empty when no queue is named. A bounded set, so that
+    metrics counted by it cannot grow with what users write."""
+    if not name:
+        return ""
+    return name if policy.local_queue(namespace, name) is not None else UNKNOWN_QUEUE
+
+
+def _validate_update(
+    request: ReviewRequest, workload: Workload, kind: WorkloadKind, policy: Policy
+) -> Decision:
+    queue = queue_label(policy, workload.namespace, workload.queue_name)
     if request.old_object is None:
         return Allowed(workload.obj, reason="validated", queue=queue)
     try:
@@ -948,7 +1086,9 @@ def _validate_update(request: ReviewRequest, workload: Workload, kind: WorkloadK
         # The stored object is what it is; only the new one is ours to judge.
         return Allowed(workload.obj, reason="validated", queue=queue)
     denied = check_update(workload, old)
-    return denied or Allowed(workload.obj, reason="validated", queue=queue)
+    if denied is not None:
+        return replace(denied, queue=queue)
+    return Allowed(workload.obj, reason="validated", queue=queue)
 
 
 def _mutate(
@@ -969,7 +1109,7 @@ def _mutate(
         if queue.defaulted:
             notes.append(
                 f"no {labels.QUEUE_NAME} label: sent to {queue.local.name}, the default "
-                f"queue of namespace {workload.namespace}"
+                f"queue of namespace {echo(workload.namespace, quote=False)}"
             )
         notes += rule_suspend(workload, out)
         priority = rule_priority(workload, queue, policy, out)

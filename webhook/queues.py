@@ -8,7 +8,9 @@ field ignored) and the reason is kept in ``Policy.problems`` for the caller to l
 Objects read (API group ``kueue.x-k8s.io``, any version; ``v1beta2`` is current):
 
 * ``ResourceFlavor``: ``spec.nodeLabels``, ``spec.nodeTaints``, ``spec.tolerations``,
-  ``spec.topologyName``.
+  ``spec.topologyName`` (Kueue places by that Topology itself), or instead the annotation
+  ``tessera.dev/topology-name`` (Tessera places by it, and Kueue's topology-aware
+  scheduling stays off).
 * ``ClusterQueue``: ``spec.cohortName`` (``spec.cohort`` in v1beta1),
   ``spec.resourceGroups[].coveredResources`` and ``.flavors[].resources[]`` with
   ``nominalQuota``, ``borrowingLimit``, ``lendingLimit``.
@@ -202,6 +204,9 @@ class Flavor:
     node_taints: tuple[Taint, ...] = ()
     tolerations: tuple[Toleration, ...] = ()
     topology_name: str | None = None
+    kueue_topology: bool = False
+    """The Topology is the flavor's ``spec.topologyName``: Kueue's topology-aware
+    scheduling assigns the domains, so Tessera asks it for a level instead of choosing."""
 
     @property
     def product(self) -> str | None:
@@ -504,6 +509,7 @@ POLICY_ANNOTATIONS: Final = (
     labels.MAX_TIME_LIMIT,
     labels.MAX_GPUS_PER_JOB,
     labels.DEFAULT_QUEUE,
+    labels.FLAVOR_TOPOLOGY,
 )
 """The annotations of Kueue objects that the policy reads."""
 _VIEW_FIELDS: Final = ("apiVersion", "kind", "spec", "value", "description")
@@ -727,13 +733,19 @@ def _parse_flavor(obj: Mapping[str, Any], name: str) -> Flavor:
     tolerations = tuple(
         parse_toleration(raw) for raw in _list(spec.get("tolerations"), "spec.tolerations")
     )
-    topology = spec.get("topologyName")
+    kueue_topology = spec.get("topologyName")
+    if isinstance(kueue_topology, str) and kueue_topology:
+        topology: str | None = kueue_topology
+    else:
+        own = _annotations(obj).get(labels.FLAVOR_TOPOLOGY)
+        topology = own if isinstance(own, str) and own else None
     return Flavor(
         name=name,
         node_labels=MappingProxyType(dict(node_labels)),
         node_taints=tuple(taints),
         tolerations=tolerations,
-        topology_name=topology if isinstance(topology, str) and topology else None,
+        topology_name=topology,
+        kueue_topology=topology is not None and topology == kueue_topology,
     )
 
 

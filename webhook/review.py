@@ -28,6 +28,7 @@ from typing import Any, Final, Literal, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from cluster import jsonio
+from cluster.echo import echo
 from webhook.patch import JsonPatch
 from webhook.workload import GroupVersionKind, GroupVersionResource, ReviewRequest, UserInfo
 
@@ -145,11 +146,11 @@ def _parse(body: bytes, max_bytes: int) -> dict[str, Any]:
     # The common mistakes first, with a message better than a validation dump.
     if raw.get("apiVersion") != API_VERSION:
         raise BadReview(
-            f"apiVersion is {raw.get('apiVersion')!r}; only {API_VERSION} is served "
+            f"apiVersion is {echo(raw.get('apiVersion'))}; only {API_VERSION} is served "
             "(set admissionReviewVersions: [v1] in the webhook configuration)"
         )
     if raw.get("kind") != KIND:
-        raise BadReview(f"kind is {raw.get('kind')!r}, not {KIND}")
+        raise BadReview(f"kind is {echo(raw.get('kind'))}, not {KIND}")
     request = raw.get("request")
     if not isinstance(request, dict):
         raise BadReview("the review has no request")
@@ -186,8 +187,11 @@ def validate_review(raw: dict[str, Any]) -> ReviewRequest:
 
 
 def _summarize(exc: ValidationError) -> str:
+    # a location can hold a key the client chose (userInfo.extra's): cut like any echo
     parts = [
-        f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}" for error in exc.errors()[:3]
+        f"{echo('.'.join(str(p) for p in error['loc']), quote=False)}: "
+        f"{echo(error['msg'], quote=False)}"
+        for error in exc.errors(include_input=False)[:3]
     ]
     more = exc.error_count() - len(parts)
     return "malformed review: " + "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
@@ -201,7 +205,7 @@ def _check_kind(obj: Mapping[str, Any] | None, field: str, kind: GroupVersionKin
         obj_kind is not None and obj_kind != kind.kind
     ):
         raise BadReview(
-            f"request.{field} is {obj_kind!r} {api_version!r}, not the "
+            f"request.{field} is {echo(obj_kind)} {echo(api_version)}, not the "
             f"{kind.kind} {kind.api_version} that request.kind declares"
         )
 

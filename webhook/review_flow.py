@@ -3,11 +3,15 @@
 Layer: PURE glue. Composes the EDGE codec (``webhook.review``) with the PURE decision
 (``webhook.policy.admit``) and the patch (``webhook.patch.diff``). No async, no I/O, no
 clock, no aiohttp, no settings: the HTTP handler passes the body, the current policy
-snapshot and the ``AdmitConfig`` it built at start-up, and writes back what it gets.
+snapshot, the view of the Jobs and JobSets that exist (``webhook.owners``) and the
+``AdmitConfig`` it built at start-up, and writes back what it gets. An outcome whose
+``unconfirmed`` names an owner the view lacked may be reviewed again with that owner
+fetched; the first answer is already safe to send (the object judged as its own).
 
 An allowed CREATE is remembered under the policy (``webhook.answers``): the next object
 that differs from it only in name gets the same patch, with its own gang id, without the
-rules running again.
+rules running again. Not one that names a Job or JobSet owner: its answer also depends on
+who sent it and on what exists.
 
 HTTP statuses: 200 for every review that was decided (allowed or denied: a denial is
 ``allowed: false`` inside a 200); 400 for a body that is not a usable review; 503 while
@@ -19,14 +23,20 @@ webhook has no side effects to skip.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
+from cluster.echo import echo
 from webhook.answers import GANG_ID_PLACEHOLDER, Answer, answer_key, keep
+from webhook.owners import NO_OWNERS, OwnerKey, OwnerView, claims_job_owner
 from webhook.patch import JsonPatch, diff
 from webhook.policy import AdmitConfig, Allowed, admit, gang_id
 from webhook.queues import Policy
 from webhook.review import BadReview, decode_review, encode_response, encode_status
 from webhook.workload import ReviewRequest
+
+MESSAGE_LIMIT: Final = 2000
+"""Characters of a denial message. Each value a rule repeats is cut already
+(``cluster.echo``); this bounds what they add up to, such as a problem per container."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +46,7 @@ class ReviewOutcome:
     status: int
     body: bytes
     kind: str = ""
-    """``Job``, ``JobSet``, ``Pod`` or whatever else was reviewed."""
+    """``Job``, ``JobSet``, ``Pod``, or ``other`` for anything else (a client chose it)."""
     decision: str = ""
     """``mutated``, ``allowed``, ``denied``, ``malformed`` or ``unavailable``."""
     reason: str = ""
@@ -46,10 +56,16 @@ class ReviewOutcome:
     answer: str = ""
     """For an allowed CREATE: ``kept`` when the answer kept for an object like it was
     given (``webhook.answers``), ``computed`` when the rules ran; else empty."""
+    unconfirmed: OwnerKey | None = None
+    """The controller the object claims, which the owner view lacked: the caller may GET
+    it and review again with the view ``with_fetched`` it (``webhook.policy.admit``)."""
 
 
-def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOutcome:
-    """Decode, decide, encode. Never raises for anything a client can send."""
+def review(
+    body: bytes, policy: Policy | None, config: AdmitConfig, owners: OwnerView = NO_OWNERS
+) -> ReviewOutcome:
+    """Decode, decide, encode. Never raises for anything a client can send. ``owners``:
+    the Jobs and JobSets known to exist (``webhook.owners``)."""
     if policy is None:
         message = "the webhook has not loaded its queue policy yet; retry shortly"
         return ReviewOutcome(
@@ -73,8 +89,8 @@ def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOut
         if kept is not None:
             return _answer(request, kept, "kept")
     placeholder = GANG_ID_PLACEHOLDER if key is not None else None
-    decision = admit(request, policy, config, placeholder=placeholder)
-    kind = request.kind.kind
+    decision = admit(request, policy, config, owners=owners, placeholder=placeholder)
+    kind = _kind_label(request)
     if isinstance(decision, Allowed):
         patch = diff(request.object, decision.object) if request.object is not None else []
         if key is not None:
@@ -96,6 +112,7 @@ def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOut
             reason=decision.reason,
             queue=decision.queue,
             patch=patch,
+            unconfirmed=decision.unconfirmed,
         )
     return ReviewOutcome(
         200,
@@ -103,24 +120,35 @@ def review(body: bytes, policy: Policy | None, config: AdmitConfig) -> ReviewOut
             request.uid,
             allowed=False,
             code=decision.code,
-            message=decision.message,
+            message=echo(decision.message, quote=False, limit=MESSAGE_LIMIT),
             reason=decision.status_reason,
         ),
         kind=kind,
         decision="denied",
         reason=decision.reason,
         queue=decision.queue,
+        unconfirmed=decision.unconfirmed,
     )
 
 
+def _kind_label(request: ReviewRequest) -> str:
+    """The kind metrics count a review by: one of the three workload kinds, or ``other``
+    (anyone who reaches the port may POST a review of a kind of their own)."""
+    kind = request.workload_kind
+    return "other" if kind is None else kind.value
+
+
 def _memo_key(request: ReviewRequest, config: AdmitConfig) -> tuple[object, ...] | None:
-    """The ``webhook.answers`` key of a CREATE of a workload; ``None`` for anything else."""
+    """The ``webhook.answers`` key of a CREATE of a workload; ``None`` for anything else,
+    and for an object that names a Job or JobSet owner: its answer also depends on who
+    sent it and on what exists, which the key does not hold."""
     obj = request.object
     if (
         request.operation != "CREATE"
         or obj is None
         or request.sub_resource
         or request.workload_kind is None
+        or claims_job_owner(obj)
     ):
         return None
     kind = request.kind
@@ -138,7 +166,7 @@ def _answer(request: ReviewRequest, answer: Answer, source: str) -> ReviewOutcom
     return ReviewOutcome(
         200,
         encode_response(request.uid, allowed=True, patch=patch, warnings=answer.warnings),
-        kind=request.kind.kind,
+        kind=_kind_label(request),
         decision=answer.decision,
         reason=answer.reason,
         queue=answer.queue,
@@ -147,7 +175,9 @@ def _answer(request: ReviewRequest, answer: Answer, source: str) -> ReviewOutcom
     )
 
 
-def handle_review(body: bytes, policy: Policy | None, config: AdmitConfig) -> tuple[int, bytes]:
+def handle_review(
+    body: bytes, policy: Policy | None, config: AdmitConfig, owners: OwnerView = NO_OWNERS
+) -> tuple[int, bytes]:
     """``(http_status, body)`` for one POST /mutate; see ``review`` for the metrics view."""
-    outcome = review(body, policy, config)
+    outcome = review(body, policy, config, owners)
     return outcome.status, outcome.body

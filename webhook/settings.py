@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from cluster import labels
 from cluster.serving_settings import MIB, ServingSettings
+from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES
 
 MAX_TIMEOUT_S = 30.0
 """The longest ``?timeout=`` honoured: a webhook's ``timeoutSeconds`` is at most 30."""
@@ -37,6 +38,11 @@ class WebhookSettings(ServingSettings):
     scheduler_name: str = labels.DEFAULT_SCHEDULER_NAME
     managed_namespaces: frozenset[str] = frozenset()
     """Namespaces where a GPU workload with no queue is denied (``*``: all)."""
+    job_controller_usernames: tuple[str, ...] = JOB_CONTROLLER_USERNAMES
+    """Who may create the pods a Job owns and have them let through unchanged; empty:
+    any sender (the owner must still exist with the uid the pod names)."""
+    jobset_controller_usernames: tuple[str, ...] = JOBSET_CONTROLLER_USERNAMES
+    """Likewise for the Jobs a JobSet owns."""
 
     max_body_bytes: int = Field(3 * MIB, ge=64 * 1024)
     """kube-apiserver caps objects at 1.5 MiB; a review carries object and oldObject."""

@@ -1,7 +1,9 @@
-"""The webhook's queue policy, kept current: from Kueue watches or from a file.
+"""The webhook's queue policy and the Jobs and JobSets that exist, kept current: from
+watches or from a file.
 
-Layer: STATE (``PolicyStore``, one writer) and I/O (``watch_policy``, the informers that
-write into it). Must not decide admission.
+Layer: STATE (``PolicyStore`` and ``OwnerStore``, one writer each) and I/O
+(``watch_policy`` and ``watch_owners``, the informers that write into them, and
+``OwnerSource.confirm``, one GET of an owner). Must not decide admission.
 
 Readers call ``current()`` and get an immutable ``Policy`` at once: they never build
 one. The writer keeps, per object, only what the policy reads (``policy_view``) and that
@@ -17,14 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Final, Protocol
 
 from cluster import jsonio, logs
 from cluster.clock import Clock
 from cluster.feed import run_all
 from cluster.files import load_objects
 from cluster.informer import Informer, ListWatchClient
+from cluster.kube import ApiError, JsonObject, KubeError, Params
+from webhook.owners import OwnerKey, OwnerKind, OwnerView, owner_kind, owner_record
 from webhook.queues import (
     KUEUE_GROUP,
     ParsedObject,
@@ -239,3 +245,214 @@ async def watch_policy(
     store: PolicyStore, client: ListWatchClient, version: str = "v1beta2"
 ) -> None:
     await run_all(policy_informers(store, client, version))
+
+
+# ---------------------------------------------------------------- owners
+#
+# The webhook lets a pod through untouched only when the Job it names as its controller
+# exists with the uid the pod names (``webhook.owners``), and likewise a Job and its
+# JobSet. It watches the uids of all Jobs and JobSets for that: metadata only, kept as
+# ``(namespace, name) → uid``, about 300 bytes a Job.
+
+OWNER_COLLECTIONS: Final[Mapping[OwnerKind, tuple[str, str]]] = MappingProxyType(
+    {
+        OwnerKind.JOB: ("/apis/batch/v1", "jobs"),
+        OwnerKind.JOBSET: ("/apis/jobset.x-k8s.io/v1alpha2", "jobsets"),
+    }
+)
+"""Per owner kind: the API group version watched, and the resource."""
+JOBSET_RECHECK_S: Final = 300.0
+"""How often to look again for the JobSet API when it is not served (JobSet is optional;
+a claimed JobSet is looked up by GET meanwhile, which finds none)."""
+DISCOVERY_RETRY_S: Final = 10.0
+"""How soon to ask again when asking whether the JobSet API is served failed."""
+OWNER_GET_TIMEOUT_S: Final = 1.0
+"""How long a review waits for the GET of an owner: well inside the webhook's 5 s
+``timeoutSeconds``, and a GET of one object takes milliseconds."""
+
+
+class OwnerStore:
+    """The uid of every Job and JobSet, by kind, namespace and name: the watch cache
+    behind ``OwnerView``. One writer (the informers, or ``load``); readers take
+    ``view()``, which reads the store as it is when read."""
+
+    def __init__(self) -> None:
+        self._uids: dict[OwnerKind, dict[tuple[str, str], str]] = {k: {} for k in OwnerKind}
+        self._view = OwnerView(MappingProxyType(self._uids))
+
+    def view(self) -> OwnerView:
+        return self._view
+
+    def __len__(self) -> int:
+        return sum(len(uids) for uids in self._uids.values())
+
+    def replace(self, kind: OwnerKind, items: Iterable[Mapping[str, Any]]) -> None:
+        """A (re)list of one kind."""
+        uids: dict[tuple[str, str], str] = {}
+        for obj in items:
+            record = owner_record(obj)
+            if record is not None:
+                (namespace, name), uid = record
+                # one string per namespace, however many Jobs it holds
+                uids[sys.intern(namespace), name] = uid
+        self._uids[kind] = uids
+
+    def event(self, kind: OwnerKind, event: str, obj: Mapping[str, Any]) -> None:
+        record = owner_record(obj)
+        if record is None:
+            return
+        (namespace, name), uid = record
+        uids = self._uids[kind]
+        if event == "DELETED":
+            if uids.get((namespace, name)) == uid:
+                del uids[namespace, name]
+        else:
+            uids[sys.intern(namespace), name] = uid
+
+    def load(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        """Standalone mode: the Jobs and JobSets among the objects of a policy file (most
+        files have none, and then every claimed owner is unverified)."""
+        by_kind: dict[OwnerKind, list[Mapping[str, Any]]] = {k: [] for k in OwnerKind}
+        for obj in objects:
+            kind = owner_kind(obj.get("apiVersion"), obj.get("kind"))
+            if kind is not None:
+                by_kind[kind].append(obj)
+        for kind, items in by_kind.items():
+            self.replace(kind, items)
+
+
+class OwnerClient(ListWatchClient, Protocol):
+    """What watching and fetching owners needs from ``cluster.kube.KubeClient``."""
+
+    async def get_json(self, path: str, params: Params | None = None) -> JsonObject: ...
+
+
+def owner_path(key: OwnerKey) -> str:
+    """The API path of one owner; ``key`` holds names ``webhook.owners`` found valid."""
+    group_version, resource = OWNER_COLLECTIONS[key.kind]
+    return f"{group_version}/namespaces/{key.namespace}/{resource}/{key.name}"
+
+
+async def fetch_owner_uid(client: OwnerClient, key: OwnerKey) -> str | None:
+    """The uid of the owner as the API has it now; ``None`` when it does not exist (or its
+    kind is not served). Raises ``KubeError`` when the API does not say."""
+    try:
+        obj = await client.get_json(owner_path(key))
+    except ApiError as exc:
+        if exc.status == 404:
+            return None
+        raise
+    record = owner_record(obj)
+    return None if record is None else record[1]
+
+
+class OwnerSource:
+    """What reviews learn of owners: the watch cache, and, once a client is attached
+    (watch mode), one GET of an owner the cache lacks."""
+
+    def __init__(
+        self, store: OwnerStore | None = None, *, timeout_s: float = OWNER_GET_TIMEOUT_S
+    ) -> None:
+        self.store = store or OwnerStore()
+        self.client: OwnerClient | None = None
+        """Set while the app watches the API; none with a policy file."""
+        self._timeout_s = timeout_s
+
+    def view(self) -> OwnerView:
+        return self.store.view()
+
+    async def confirm(self, key: OwnerKey) -> OwnerView | None:
+        """The view, with ``key`` as the API has it now; ``None`` when there is no API to
+        ask (a policy file) or it did not answer in time, and the review stands as it is.
+
+        The watch cache misses an owner for a moment after it is created: the Job
+        controller makes pods as soon as it sees a Job, and the webhook's watch may see
+        the Job a little later. One GET tells such a pod from one naming a Job that does
+        not exist, at the cost of a request only for reviews that would be answered
+        differently."""
+        client = self.client
+        if client is None:
+            return None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                uid = await fetch_owner_uid(client, key)
+        except (KubeError, TimeoutError) as exc:
+            log.warning(
+                "owner lookup failed; the object is judged as a workload of its own",
+                extra=logs.fields(owner=str(key), reason=str(exc) or type(exc).__name__),
+            )
+            return None
+        return self.store.view().with_fetched(key, uid)
+
+
+def owner_informer(
+    store: OwnerStore, client: ListWatchClient, kind: OwnerKind, **options: Any
+) -> Informer:
+    """An informer of one owner kind's metadata, writing into ``store``."""
+    group_version, resource = OWNER_COLLECTIONS[kind]
+    return Informer(
+        client,
+        f"{group_version}/{resource}",
+        on_replace=lambda items: store.replace(kind, items),
+        on_event=lambda event, obj: store.event(kind, event, obj),
+        metadata_only=True,
+        **options,
+    )
+
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+async def served(client: OwnerClient, group_version: str) -> bool:
+    """Whether the API serves ``group_version`` (discovery: 404 when a CRD is absent)."""
+    try:
+        await client.get_json(group_version)
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+async def watch_owners(
+    store: OwnerStore,
+    client: OwnerClient,
+    *,
+    recheck_s: float = JOBSET_RECHECK_S,
+    sleep: Sleep = asyncio.sleep,
+    **options: Any,
+) -> None:
+    """Watch Jobs, and JobSets once their API is served, into ``store``."""
+    async with asyncio.TaskGroup() as group:
+        group.create_task(owner_informer(store, client, OwnerKind.JOB, **options).run())
+        group.create_task(_watch_jobsets_once_served(store, client, recheck_s, sleep, options))
+
+
+async def _watch_jobsets_once_served(
+    store: OwnerStore,
+    client: OwnerClient,
+    recheck_s: float,
+    sleep: Sleep,
+    options: Mapping[str, Any],
+) -> None:
+    group_version, _ = OWNER_COLLECTIONS[OwnerKind.JOBSET]
+    said = False
+    while True:
+        try:
+            if await served(client, group_version):
+                break
+        except KubeError as exc:
+            log.warning(
+                "cannot tell whether the JobSet API is served",
+                extra=logs.fields(path=group_version, reason=str(exc)),
+            )
+            await sleep(DISCOVERY_RETRY_S)
+            continue
+        if not said:
+            log.info(
+                "JobSet API not served: JobSets are not watched, a claimed one is looked up",
+                extra=logs.fields(path=group_version, recheck_s=recheck_s),
+            )
+            said = True
+        await sleep(recheck_s)
+    await owner_informer(store, client, OwnerKind.JOBSET, **options).run()

@@ -29,7 +29,9 @@ from typing import Any, Final
 
 from cluster import labels
 from cluster.convert import DemandError, pod_demand
+from cluster.echo import echo
 from cluster.model import PodDemand
+from webhook.owners import OwnerRef
 from webhook.patch import PathToken, pointer
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -149,13 +151,6 @@ class Deadline:
 
 
 @dataclass(frozen=True, slots=True)
-class OwnerRef:
-    api_version: str
-    kind: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
 class Workload:
     """A Job, JobSet or Pod as the rules see it. ``obj`` is the raw object, unchanged."""
 
@@ -181,18 +176,10 @@ class Workload:
         return any(t.uses_gpu for t in self.templates)
 
     @property
-    def owned_by_workload(self) -> bool:
-        """Made by a Job or JobSet controller, whose templates were already admitted."""
-        return any(
-            (o.kind == "Job" and o.api_version == "batch/v1")
-            or (o.kind == "JobSet" and o.api_version.startswith("jobset.x-k8s.io/"))
-            for o in self.owners
-        )
-
-    @property
     def display_name(self) -> str:
-        """``finetune-abc``, or ``finetune-*`` for a name still to be generated."""
-        return self.name or f"{self.generate_name}*"
+        """``finetune-abc``, or ``finetune-*`` for a name still to be generated; cut like
+        every value a message repeats (``cluster.echo``)."""
+        return echo(self.name or f"{self.generate_name}*", quote=False)
 
     @property
     def kind_word(self) -> str:
@@ -296,7 +283,7 @@ def _jobset_templates(
                 replicas * parallelism,
             )
         )
-        deadlines.append(_deadline(job_spec, base, f"replicated job {rname}"))
+        deadlines.append(_deadline(job_spec, base, f"replicated job {echo(rname, quote=False)}"))
     return tuple(templates), tuple(deadlines)
 
 
@@ -371,23 +358,31 @@ def _deadline(spec: Mapping[str, Any], path: Path, what: str) -> Deadline:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise WorkloadError(
             f"{pointer((*path, 'activeDeadlineSeconds'))[1:].replace('/', '.')} must be a "
-            f"whole number of seconds, 1 or more (got {value!r})"
+            f"whole number of seconds, 1 or more (got {echo(value)})"
         )
     return Deadline(spec_path=path, seconds=value, what=what)
 
 
 def _owners(raw: object) -> tuple[OwnerRef, ...]:
+    """The ownerReferences; a field of the wrong type reads as absent (kube-apiserver
+    refuses such an object after admission; ``webhook.owners`` trusts none of it)."""
     owners = []
     for ref in _list(raw, "metadata.ownerReferences"):
         if isinstance(ref, Mapping):
             owners.append(
                 OwnerRef(
-                    api_version=str(ref.get("apiVersion", "")),
-                    kind=str(ref.get("kind", "")),
-                    name=str(ref.get("name", "")),
+                    api_version=_text(ref.get("apiVersion")),
+                    kind=_text(ref.get("kind")),
+                    name=_text(ref.get("name")),
+                    uid=_text(ref.get("uid")),
+                    controller=ref.get("controller") is True,
                 )
             )
     return tuple(owners)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def _map(value: object, where: str) -> Mapping[str, Any]:
@@ -420,7 +415,7 @@ def _string_map(value: object, where: str) -> Mapping[str, str]:
     mapping = _map(value, where)
     for key, item in mapping.items():
         if type(item) is not str:
-            raise WorkloadError(f"{where}[{key!r}] is not a string")
+            raise WorkloadError(f"{where}[{echo(key)}] is not a string")
     return mapping
 
 
@@ -428,5 +423,5 @@ def _count(value: object, where: str) -> int:
     if value is None:
         return 1
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise WorkloadError(f"{where} must be a whole number, 0 or more (got {value!r})")
+        raise WorkloadError(f"{where} must be a whole number, 0 or more (got {echo(value)})")
     return value

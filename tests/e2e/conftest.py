@@ -22,13 +22,13 @@ from types import FrameType
 import pytest
 
 from cluster.clock import SystemClock
-from tests.e2e.controlplane import BinariesUnavailableError, find_binaries, find_crds
+from tests.e2e.controlplane import BinariesUnavailableError, find_binaries, find_crds, find_kueue
 from tests.e2e.fixtures.cluster import EXTENDER_MISSING, E2ECluster, bring_up
 
 HOW_TO_GET_BINARIES = (
     "no Kubernetes control-plane binaries: set KUBEBUILDER_ASSETS to a folder holding etcd, "
     "kube-apiserver, kube-scheduler, kube-controller-manager and kubectl (v1.36), or install "
-    "Go >= 1.26 and run tests/e2e/build_binaries.sh (and tests/e2e/build_binaries.sh crds)"
+    "Go >= 1.26 and run tests/e2e/build_binaries.sh (and its modes crds and kueue)"
 )
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 class Assets:
     binaries: Path | None
     crds: Path | None
+    kueue: Path | None
     missing: str = ""
 
 
@@ -54,23 +55,27 @@ def assets(request: pytest.FixtureRequest) -> Assets:
     capture = request.config.pluginmanager.getplugin("capturemanager")
     try:
         with capture.global_and_fixture_disabled():
-            return Assets(find_binaries(progress=sys.stderr), find_crds(progress=sys.stderr))
+            return Assets(
+                find_binaries(progress=sys.stderr),
+                find_crds(progress=sys.stderr),
+                find_kueue(progress=sys.stderr),
+            )
     except BinariesUnavailableError as exc:
         # The script's full explanation went to the terminal above; the skip reason, which
         # pytest repeats per test module, keeps to one line.
         why = str(exc).splitlines()[0].split("] ", 1)[-1] if str(exc) else "unavailable"
-        return Assets(None, None, f"{HOW_TO_GET_BINARIES} (build_binaries.sh: {why})")
+        return Assets(None, None, None, f"{HOW_TO_GET_BINARIES} (build_binaries.sh: {why})")
 
 
 @pytest.fixture(scope="session")
 def e2e(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2ECluster]:
-    if assets.binaries is None or assets.crds is None:
+    if assets.binaries is None or assets.crds is None or assets.kueue is None:
         pytest.skip(assets.missing)
-    binaries, crds = assets.binaries, assets.crds
+    binaries, crds, kueue = assets.binaries, assets.crds, assets.kueue
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
     try:
-        cluster = bring_up(binaries, crds, tmp_path_factory.mktemp("e2e"), SystemClock())
+        cluster = bring_up(binaries, crds, kueue, tmp_path_factory.mktemp("e2e"), SystemClock())
         atexit.register(cluster.stop)
         try:
             yield cluster
@@ -81,6 +86,16 @@ def e2e(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.fixture(autouse=True)
+def _jobs_deleted_after(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each scenario leaves the quota and the GPUs as it found them: with the real Kueue,
+    a job left behind would hold both for the scenarios after it."""
+    yield
+    if "e2e" in request.fixturenames:
+        cluster: E2ECluster = request.getfixturevalue("e2e")
+        cluster.delete_jobs()
 
 
 @pytest.fixture

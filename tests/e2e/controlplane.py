@@ -96,6 +96,12 @@ def find_crds(progress: IO[str] | None = None) -> Path:
     return _run_build_script("crds", progress)
 
 
+def find_kueue(progress: IO[str] | None = None) -> Path:
+    """The folder holding the pinned Kueue manager (``bin/kueue``) and the webhook and
+    manager configuration YAMLs of that release (``config/``)."""
+    return _run_build_script("kueue", progress)
+
+
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -402,6 +408,10 @@ class ControlPlane:
             f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}",
             f"--controllers={self._controllers}",
+            # Each controller as its own service account, as kubeadm runs it: the Job
+            # controller's pods then come from system:serviceaccount:kube-system:job-controller,
+            # which the webhook configuration's match condition lets skip the webhook.
+            "--use-service-account-credentials=true",
             "--leader-elect=false",
             f"--bind-address={LOOPBACK}",
             f"--secure-port={port}",

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cluster import labels
+from cluster import jsonio, labels
 from tests.e2e.fixtures.cluster import E2ECluster
 from tests.e2e.fixtures.jobs import NAMESPACE, QUEUE, gpu_job, to_yaml
 
@@ -45,14 +45,16 @@ def _terms(spec: dict[str, Any]) -> set[frozenset[tuple[str, str, tuple[str, ...
 def test_a_queued_job_is_stored_suspended_with_what_its_queue_implies(e2e: E2ECluster) -> None:
     job = gpu_job("finetune-llama", pods=4, gpus=4, annotations={labels.TOPOLOGY: "required:rack"})
 
-    created = e2e.create(to_yaml(job))
+    # -o json prints the object as it was stored: Kueue admits (and unsuspends) it within
+    # a second, so a later `kubectl get` would race Kueue
+    created = e2e.kubectl("create", "-f", "-", "-o", "json", stdin=to_yaml(job), check=False)
 
     assert created.returncode == 0, created.stderr
-    assert "job.batch/finetune-llama created" in created.stdout
     # kubectl prints the webhook's warnings: the user learns what was added for them
     assert "Warning: priority class set to e2e-research" in created.stderr
     assert "Warning: activeDeadlineSeconds set to 7200" in created.stderr
-    stored = e2e.get_json("job", "finetune-llama", "-n", NAMESPACE)
+    stored = jsonio.loads(created.stdout)
+    assert stored["metadata"]["name"] == "finetune-llama"
     meta, spec = stored["metadata"], stored["spec"]
     template_meta, pod = spec["template"]["metadata"], spec["template"]["spec"]
     assert spec["suspend"] is True
@@ -90,6 +92,20 @@ class Refusal:
     """Fragments of the webhook's message, in order."""
 
 
+def owned_by(job: dict[str, Any], **reference: Any) -> dict[str, Any]:
+    """``job`` naming an owner its creator made up (issue 20): a JobSet ``x``, uid ``0``."""
+    job["metadata"]["ownerReferences"] = [
+        {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "x", "uid": "0",
+         **reference}
+    ]  # fmt: skip
+    return job
+
+
+OVER_QUOTA = (
+    "asks for 48 GPUs (6 pods × 8)",  # noqa: RUF001 - as the webhook says
+    "can get at most 40 GPUs in flavor e2e-h100-reserved",
+)
+
 REFUSALS = {
     "unknown queue": Refusal(
         gpu_job("typo-queue", gpus=1, queue="trainng"),
@@ -107,6 +123,10 @@ REFUSALS = {
             "job too-big asks for 48 GPUs (6 pods × 8)",  # noqa: RUF001 - as the webhook says
             "can get at most 40 GPUs in flavor e2e-h100-reserved",
         ),
+    ),
+    # Issue 20: a forged owner used to skip every rule (and the webhook call itself).
+    "over quota with a forged owner": Refusal(
+        owned_by(gpu_job("forged-owner", pods=6, gpus=8)), FORBIDDEN, OVER_QUOTA
     ),
     "impossible gang": Refusal(
         gpu_job("gang-min-too-high", pods=4, gpus=4, annotations={labels.GANG_MIN: "5"}),
@@ -142,3 +162,56 @@ def test_jobs_that_can_never_run_are_refused_with_tesseras_message(
         position = found + len(fragment)
     missing = e2e.kubectl("get", "job", name, "-n", NAMESPACE, check=False)
     assert "NotFound" in missing.stderr
+
+
+def _jobset(name: str) -> dict[str, Any]:
+    """A JobSet of one CPU-only Job, as a user would create it (no controller runs it here)."""
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {labels.QUEUE_NAME: QUEUE}},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "driver",
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "template": {
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "containers": [{"name": "driver", "image": "busybox"}],
+                                }
+                            }
+                        }
+                    },
+                }
+            ]
+        },
+    }
+
+
+def test_a_job_claiming_a_real_jobset_as_controller_is_judged_unless_the_controller_sent_it(
+    e2e: E2ECluster,
+) -> None:
+    # Issue 20: anyone who can read a JobSet in their namespace knows its uid. With the
+    # owner real and the uid right, only the sender tells a forged child from the JobSet
+    # controller's own: the Job is judged as a workload of its own, and is over quota.
+    made = e2e.kubectl("create", "-f", "-", "-o", "json", stdin=to_yaml(_jobset("real-set")))
+    jobset = jsonio.loads(made.stdout)
+    try:
+        job = gpu_job("forged-child", pods=6, gpus=8)
+        job["metadata"]["ownerReferences"] = [
+            {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "real-set",
+             "uid": jobset["metadata"]["uid"], "controller": True}
+        ]  # fmt: skip
+
+        created = e2e.create(to_yaml(job))
+
+        assert created.returncode != 0
+        assert created.stderr.startswith(FORBIDDEN), created.stderr
+        assert "gpu-workloads.tessera.dev" in created.stderr
+        for fragment in OVER_QUOTA:
+            assert fragment in created.stderr
+    finally:
+        e2e.kubectl("delete", "jobset", "real-set", "-n", NAMESPACE, "--wait=false")

@@ -37,9 +37,6 @@ def test_pods_bind_without_double_allocation_across_an_extender_restart(
     e2e = scheduling
     assert e2e.extender is not None
     _create(e2e, gpu_job(FIRST, pods=6, gpus=2, pool=RESTART_POOL))
-    _create(e2e, gpu_job(SECOND, pods=2, gpus=2, pool=RESTART_POOL))
-
-    e2e.unsuspend(FIRST)
     try:
         # crash it the moment the first pod is bound (a watch reacts within milliseconds)
         e2e.api.watch_until(
@@ -49,7 +46,7 @@ def test_pods_bind_without_double_allocation_across_an_extender_restart(
             labelSelector=f"{labels.JOB_NAME}={FIRST}",
         )
         e2e.extender.kill()
-        e2e.unsuspend(SECOND)
+        _create(e2e, gpu_job(SECOND, pods=2, gpus=2, pool=RESTART_POOL))
         # kube-scheduler keeps trying while the extender is down; the pods wait, none is
         # placed without it
         down = e2e.wait_scheduling_failure(SECOND)

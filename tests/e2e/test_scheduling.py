@@ -1,5 +1,6 @@
-"""Scenarios 3 and 4: the real job controller makes the pods, the real kube-scheduler
-places them through the extender, and the placements are read back from the API.
+"""Scenarios 3 and 4: the real Kueue admits the jobs, the real job controller makes the
+pods, the real kube-scheduler places them through the extender, and the placements are
+read back from the API.
 
 Each scenario pins its jobs to its own pool of fake nodes (``tests/e2e/fixtures/fleet.py``)
 with a plain ``nodeSelector``, so the scenarios do not share GPUs and can run in any order.
@@ -24,10 +25,9 @@ HOUR = 3600
 
 
 def submit(e2e: E2ECluster, job: dict[str, Any]) -> None:
-    """Create the job as a user would, then admit it as Kueue would."""
+    """Create the job as a user would; Kueue admits it."""
     created = e2e.create(to_yaml(job))
     assert created.returncode == 0, created.stderr
-    e2e.unsuspend(job["metadata"]["name"])
 
 
 def islands_of(e2e: E2ECluster, node: str) -> list[set[int]]:

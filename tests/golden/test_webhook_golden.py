@@ -1,10 +1,11 @@
 """Golden AdmissionReview exchanges: ``webhook/<case>.request.json`` → ``<case>.response.json``.
 
 Every case goes through ``webhook.review_flow.review``, the whole webhook minus HTTP, with
-the queue policy of ``webhook/policy.yaml``. The cases start from the reviews that a real
-kube-apiserver sent (``../shared/captures``, copied in as ``job-capture``,
-``job-update-unsuspend``, ``pod-owned-by-job`` and ``pod-notebook``) and change one thing
-each, so that every rule is shown allowing and denying a Job, a JobSet and a Pod.
+the queue policy of ``webhook/policy.yaml`` and the owners of ``OWNERS``. The cases start
+from the reviews that a real kube-apiserver sent (``../shared/captures``, copied in as
+``job-capture``, ``job-update-unsuspend``, ``pod-owned-by-job`` and ``pod-notebook``) and
+change one thing each, so that every rule is shown allowing and denying a Job, a JobSet
+and a Pod.
 
 A response file holds the HTTP status, the body, and the body's patch decoded
 (``patchDecoded``) so that a reviewer can read what changes. A request file whose top
@@ -29,10 +30,11 @@ import pytest
 
 from cluster import jsonio, labels
 from cluster.files import load_objects
+from webhook.owners import JOBSET_CONTROLLER_USERNAMES, OwnerKind, OwnerView
 from webhook.patch import apply_patch, clone
 from webhook.policy import AdmitConfig
 from webhook.queues import Policy, policy_from_objects
-from webhook.review_flow import review
+from webhook.review_flow import ReviewOutcome, review
 
 HERE = Path(__file__).parent / "webhook"
 CAPTURES = Path(__file__).resolve().parents[3] / "shared" / "captures"
@@ -40,6 +42,17 @@ UPDATE = os.environ.get("TESSERA_UPDATE_GOLDENS") == "1"
 
 CONFIG = AdmitConfig(managed_namespaces=frozenset({"team-sandbox"}))
 """team-sandbox is managed (a GPU workload there must name a queue); team-free is not."""
+
+OWNERS = OwnerView(
+    {
+        OwnerKind.JOB: {("team-nlp", "finetune-cslh4"): "7c9bef66-465c-4588-b062-b3150d5253dc"},
+        OwnerKind.JOBSET: {("team-nlp", "pretrain"): "0b8f7f4e-5a8e-4a70-a1b4-3e6c1d9a2f10"},
+    }
+)
+"""The Jobs and JobSets that exist: the captured pod's Job, and the JobSet of
+job-owned-by-jobset. Any other owner a case names is made up."""
+FORGER = "alice"
+"""Who sends the cases that claim an owner they did not make."""
 
 CAPTURED = {
     "job-capture": "000",
@@ -119,9 +132,13 @@ def set_gpus(spec: dict[str, Any], gpus: str | None, milli: str | None = None) -
                 del resources[part]
 
 
+def decide(body: bytes) -> ReviewOutcome:
+    return review(body, POLICY, CONFIG, OWNERS)
+
+
 def reinvoked(name: str, first: Review) -> Review:
     """``first`` as kube-apiserver sends it again after applying the webhook's patch."""
-    answer = review(jsonio.dumps(first), POLICY, CONFIG)
+    answer = decide(jsonio.dumps(first))
     assert answer.patch, f"{name}: the first pass must change something"
     again: Review = clone(first)
     again["request"]["object"] = apply_patch(obj(first), answer.patch)
@@ -215,6 +232,22 @@ def _owned_by_jobset(r: Review) -> None:
          "blockOwnerDeletion": True}
     ]  # fmt: skip
     meta_map(obj(r), "labels")[labels.JOBSET_NAME] = "pretrain"
+    r["request"]["userInfo"] = {"username": JOBSET_CONTROLLER_USERNAMES[0]}
+
+
+def _forged_owner(api_version: str, kind: str, **extra: Any) -> Callable[[Review], None]:
+    """An ownerReference the sender wrote: a made-up owner ``x`` with uid ``0``."""
+
+    def edit(r: Review) -> None:
+        ref = {"apiVersion": api_version, "kind": kind, "name": "x", "uid": "0", **extra}
+        obj(r)["metadata"]["ownerReferences"] = [ref]
+        r["request"]["userInfo"] = {"username": FORGER}
+
+    return edit
+
+
+def _sent_by(username: str) -> Callable[[Review], None]:
+    return lambda r: r["request"]["userInfo"].__setitem__("username", username)
 
 
 def update_case(name: str, edit: Callable[[Review], None] | None = None) -> Review:
@@ -363,6 +396,10 @@ def build_cases() -> dict[str, Review]:
     add("job-no-gpu", job("job-no-gpu", lambda r: set_gpus(job_template_spec(r), None)))
     add("job-queue-default", job("job-queue-default", _no_queue))
     add("job-queue-unknown", job("job-queue-unknown", _queue("team-nlp-q")))
+    add(
+        "job-queue-unknown-long",
+        job("job-queue-unknown-long", _queue("team-nlp-" + "q" * 291)),
+    )
     add("job-queue-orphaned", job("job-queue-orphaned", _in("team-sandbox", _queue("retired"))))
     add(
         "job-queue-missing-managed",
@@ -412,6 +449,24 @@ def build_cases() -> dict[str, Review]:
     add("job-scheduler-custom", job("job-scheduler-custom", _template("schedulerName", "volcano")))
     add("job-invalid", job("job-invalid", lambda r: set_gpus(job_template_spec(r), "1.5")))
     add("job-owned-by-jobset", job("job-owned-by-jobset", _owned_by_jobset))
+    # Issue 20: an ownerReference anyone can write no longer skips every rule.
+    add(
+        "job-quota-over-forged-owner",
+        job(
+            "job-quota-over-forged-owner",
+            _both(_parallel(5, "8"), _forged_owner("jobset.x-k8s.io/v1alpha2", "JobSet")),
+        ),
+    )
+    add(
+        "job-update-queue-change-forged-owner",
+        update_case(
+            "job-update-queue-change-forged-owner",
+            _both(
+                _move_queue_while_running,
+                _forged_owner("batch/v1", "Job", controller=True),
+            ),
+        ),
+    )
     add("job-reinvoked", reinvoked("job-reinvoked", job("job-reinvoked")))
     add(
         "job-update-queue-change-running",
@@ -466,6 +521,18 @@ def build_cases() -> dict[str, Review]:
     )
     # Pod
     add("pod-reinvoked", reinvoked("pod-reinvoked", pod("pod-reinvoked")))
+    add(
+        "pod-forged-owner-64-gpus",
+        pod(
+            "pod-forged-owner-64-gpus",
+            _both(_pod_gpus("64"), _forged_owner("batch/v1", "Job", controller=True)),
+        ),
+    )
+    add(
+        "pod-owned-by-job-wrong-sender",
+        derived("pod-owned-by-job-wrong-sender", base("pod-owned-by-job")),
+    )
+    _sent_by(FORGER)(cases["pod-owned-by-job-wrong-sender"])
     add("pod-queue-named", pod("pod-queue-named", _queue("team-nlp-queue")))
     add("pod-queue-unknown", pod("pod-queue-unknown", _queue("notebooks")))
     add(
@@ -526,7 +593,7 @@ def body_of(request: Review) -> bytes:
 
 
 def answer(request: Review) -> dict[str, Any]:
-    outcome = review(body_of(request), POLICY, CONFIG)
+    outcome = decide(body_of(request))
     result: dict[str, Any] = {"httpStatus": outcome.status, "body": jsonio.loads(outcome.body)}
     response = result["body"].get("response") or {}
     if "patch" in response:
@@ -584,7 +651,7 @@ def test_the_cases_cover_every_rule_for_every_kind() -> None:
     for request in CASES.values():
         if set(request) == {"rawBody"} or request.get("request") is None:
             continue
-        outcome = review(body_of(request), POLICY, CONFIG)
+        outcome = decide(body_of(request))
         if outcome.decision in ("mutated", "denied"):
             seen.add((outcome.kind, outcome.reason))
     for kind in ("Job", "JobSet", "Pod"):

@@ -2,8 +2,10 @@
 
 Against the fake kube-apiserver on a real socket for what it can play (refusals,
 conflicts), and against a scripted API for broken connections, which a server that
-answers cannot produce: a bind either ends bound, or ends unbound with its annotation
-taken back, or says it cannot tell.
+answers cannot produce: a bind either ends bound with its GPUs recorded, or ends
+unbound with nothing written on the pod, or says it cannot tell. One request binds and
+records: the Binding carries ``tessera.dev/gpu-indices`` in its own annotations, which
+kube-apiserver copies onto the pod as it binds it; the pod itself is never patched.
 """
 
 from __future__ import annotations
@@ -48,16 +50,44 @@ def annotations_of(api: FakeApiServer, key: str = "team-nlp/train-0") -> dict[st
     return found
 
 
-async def test_a_bind_annotates_then_binds(api: FakeApiServer, binder: ApiBinder) -> None:
-    pod = api.put(PODS_PATH, pod_json("train-0", gpus=2))
+async def test_one_binding_binds_the_pod_and_records_its_gpus(
+    api: FakeApiServer, binder: ApiBinder
+) -> None:
+    pod = api.put(PODS_PATH, pod_json("train-0", gpus=2, annotations={"team": "nlp"}))
     await binder.bind(placement(pod))
     stored = api.objects(PODS_PATH)["team-nlp/train-0"]
     assert stored["spec"]["nodeName"] == "gpu-a"
     assert annotations_of(api)[GPU_INDICES] == "0,1"
-    assert [r.kind for r in api.requests] == ["patch", "post"]
+    assert annotations_of(api)["team"] == "nlp", "the pod's own annotations stay"
+    (request,) = api.requests
+    assert (request.kind, request.path) == (
+        "post",
+        "/api/v1/namespaces/team-nlp/pods/train-0/binding",
+    )
+    assert request.json() == {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {
+            "name": "train-0",
+            "namespace": "team-nlp",
+            "uid": pod["metadata"]["uid"],
+            "annotations": {GPU_INDICES: "0,1"},
+        },
+        "target": {"kind": "Node", "name": "gpu-a"},
+    }
 
 
-async def test_a_refused_binding_takes_the_annotation_back(
+async def test_a_pod_without_gpus_is_bound_with_nothing_to_record(
+    api: FakeApiServer, binder: ApiBinder
+) -> None:
+    pod = api.put(PODS_PATH, pod_json("train-0", cpu="2"))
+    await binder.bind(placement(pod, indices=()))
+    assert api.objects(PODS_PATH)["team-nlp/train-0"]["spec"]["nodeName"] == "gpu-a"
+    assert GPU_INDICES not in annotations_of(api)
+    assert "annotations" not in api.requests_of("post")[0].json()["metadata"]
+
+
+async def test_a_refused_binding_leaves_nothing_on_the_pod(
     api: FakeApiServer, binder: ApiBinder
 ) -> None:
     pod = api.put(PODS_PATH, pod_json("train-0", gpus=2))
@@ -67,14 +97,21 @@ async def test_a_refused_binding_takes_the_annotation_back(
     assert not failure.value.uncertain
     assert GPU_INDICES not in annotations_of(api)
     assert "nodeName" not in api.objects(PODS_PATH)["team-nlp/train-0"]["spec"]
+    assert [r.kind for r in api.requests] == ["post"]
 
 
-async def test_a_refused_annotation_never_binds(api: FakeApiServer, binder: ApiBinder) -> None:
-    pod = api.put(PODS_PATH, pod_json("train-0", gpus=2))
-    api.faults.append(Fault("patch", 422, "Invalid", "uid: field is immutable"))
-    with pytest.raises(BindError, match="cannot annotate"):
-        await binder.bind(placement(pod))
-    assert [r.kind for r in api.requests] == ["patch"]
+async def test_a_pod_deleted_and_created_again_is_not_bound_in_its_place(
+    api: FakeApiServer, binder: ApiBinder
+) -> None:
+    seen = api.put(PODS_PATH, pod_json("train-0", gpus=2))
+    api.delete(PODS_PATH, "team-nlp/train-0")
+    again = pod_json("train-0", gpus=2)
+    again["metadata"]["uid"] = "another-uid"  # same name, another pod
+    api.put(PODS_PATH, again)
+    with pytest.raises(BindError, match="the pod is not bound"):
+        await binder.bind(placement(seen))
+    assert "nodeName" not in api.objects(PODS_PATH)["team-nlp/train-0"]["spec"]
+    assert GPU_INDICES not in annotations_of(api)
 
 
 async def test_a_conflict_because_an_earlier_attempt_landed_is_success(
@@ -101,7 +138,8 @@ async def test_a_conflict_with_a_pod_bound_elsewhere_is_an_error(
 @dataclass
 class ScriptedApi:
     """The binder's API seam, answering from a script: the Binding POST fails with
-    ``post_error`` (or hangs), and reading the pod back gives ``read``."""
+    ``post_error`` (or hangs), and reading the pod back gives ``read``. It has no way
+    to patch a pod: the binder needs none."""
 
     post_error: Exception | None
     read: dict[str, Any] | Exception
@@ -122,12 +160,6 @@ class ScriptedApi:
             raise self.post_error
         return {}
 
-    async def patch_json(
-        self, path: str, body: Any, patch_type: Any = "merge", params: Params | None = None
-    ) -> dict[str, Any]:
-        self.calls.append(("patch", body))
-        return {}
-
 
 BROKEN = TransportError("POST binding: ServerDisconnectedError")
 POD = pod_json("train-0", gpus=2)
@@ -138,21 +170,18 @@ def read_back(node: str | None) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize(
-    ("api", "outcome", "taken_back"),
+    ("api", "outcome"),
     [
-        pytest.param(ScriptedApi(BROKEN, read_back("gpu-a")), "bound", False, id="landed"),
-        pytest.param(ScriptedApi(BROKEN, read_back(None)), "failed", True, id="not-landed"),
-        pytest.param(ScriptedApi(None, read_back(None), hang=True), "failed", True, id="timed-out"),
+        pytest.param(ScriptedApi(BROKEN, read_back("gpu-a")), "bound", id="landed"),
+        pytest.param(ScriptedApi(BROKEN, read_back(None)), "failed", id="not-landed"),
+        pytest.param(ScriptedApi(None, read_back(None), hang=True), "failed", id="timed-out"),
         pytest.param(
-            ScriptedApi(BROKEN, TransportError("GET pod: refused")),
-            "uncertain",
-            False,
-            id="cannot-tell",
+            ScriptedApi(BROKEN, TransportError("GET pod: refused")), "uncertain", id="cannot-tell"
         ),
     ],
 )
 async def test_a_broken_binding_is_settled_by_reading_the_pod(
-    api: ScriptedApi, outcome: str, taken_back: bool
+    api: ScriptedApi, outcome: str
 ) -> None:
     binder = ApiBinder(api, timeout_s=0.05)
     try:
@@ -161,5 +190,6 @@ async def test_a_broken_binding_is_settled_by_reading_the_pod(
     except BindError as exc:
         seen = "uncertain" if exc.uncertain else "failed"
     assert seen == outcome
-    patches = [body for kind, body in api.calls if kind == "patch"]
-    assert (patches[-1]["metadata"]["annotations"][GPU_INDICES] is None) is taken_back
+    # one Binding, then at most a read: nothing to take back, since nothing else was written
+    assert [kind for kind, _ in api.calls] == ["post", "get"]
+    assert api.calls[0][1]["metadata"]["annotations"] == {GPU_INDICES: "0,1"}

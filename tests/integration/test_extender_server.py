@@ -237,8 +237,14 @@ async def api() -> AsyncIterator[FakeApiServer]:
 
 
 @contextlib.asynccontextmanager
-async def api_extender(api: FakeApiServer, folder: Path, **kwargs: Any) -> AsyncIterator[Extender]:
-    settings = ExtenderSettings(kubeconfig=write_kubeconfig(folder, api), topology_levels=LEVELS)
+async def api_extender(
+    api: FakeApiServer, folder: Path, *, max_cache_age_s: float = 30.0, **kwargs: Any
+) -> AsyncIterator[Extender]:
+    settings = ExtenderSettings(
+        kubeconfig=write_kubeconfig(folder, api),
+        topology_levels=LEVELS,
+        max_cache_age_s=max_cache_age_s,
+    )
     async with serving(settings, **kwargs) as ext:
         await ext.ready()
         yield ext
@@ -546,28 +552,38 @@ async def test_200_concurrent_binds_never_give_a_gpu_twice(
         assert snapshot.assumed == frozenset()
 
 
-async def test_bindings_are_what_the_default_binder_posts(
+async def test_a_bind_is_one_binding_carrying_the_gpus_and_the_pod_is_never_patched(
     api: FakeApiServer, tmp_path: Path
 ) -> None:
     api.put(NODES_PATH, node_json("gpu-a"))
     pod = api.put(PODS_PATH, pod_json("train-0", gpus=2))
     async with api_extender(api, tmp_path) as ext:
         assert await ext.post("/bind", bind_args(pod, "gpu-a")) == (200, {"Error": ""})
-    patch, post = api.requests_of("patch"), api.requests_of("post")
-    assert [r.path for r in (*patch, *post)] == [
-        "/api/v1/namespaces/team-nlp/pods/train-0",
-        "/api/v1/namespaces/team-nlp/pods/train-0/binding",
+        # the watch shows the pod bound with its GPUs: the assumption is confirmed by it
+        await eventually(lambda: not ext.cache.snapshot().assumed, "the watch confirms the bind")
+        assert ext.cache.snapshot().allocations[key_of(pod)].indices == (0, 1)
+    writes = [r for r in api.requests if r.kind not in ("list", "watch")]
+    assert [(r.kind, r.path) for r in writes] == [
+        ("post", "/api/v1/namespaces/team-nlp/pods/train-0/binding")
     ]
-    assert patch[0].headers["Content-Type"] == "application/merge-patch+json"
-    assert patch[0].headers["Authorization"] == f"Bearer {TOKEN}"
+    (post,) = writes
+    assert post.headers["Authorization"] == f"Bearer {TOKEN}"
     uid = pod["metadata"]["uid"]
-    assert patch[0].json() == {"metadata": {"annotations": {GPU_INDICES: "0,1"}, "uid": uid}}
-    assert post[0].json() == {
+    # DefaultBinder's Binding, with the GPU indices for kube-apiserver to copy onto the pod
+    assert post.json() == {
         "apiVersion": "v1",
         "kind": "Binding",
-        "metadata": {"name": "train-0", "namespace": "team-nlp", "uid": uid},
+        "metadata": {
+            "name": "train-0",
+            "namespace": "team-nlp",
+            "uid": uid,
+            "annotations": {GPU_INDICES: "0,1"},
+        },
         "target": {"kind": "Node", "name": "gpu-a"},
     }
+    stored = api.objects(PODS_PATH)["team-nlp/train-0"]
+    assert stored["spec"]["nodeName"] == "gpu-a"
+    assert stored["metadata"]["annotations"][GPU_INDICES] == "0,1"
 
 
 async def test_a_refused_binding_is_an_error_and_frees_the_gpus(
@@ -685,6 +701,81 @@ async def test_not_ready_until_nodes_and_pods_are_listed(
         assert (status, result["NodeNames"]) == (200, ["gpu-a"])
         # what was listed is kept out of the collector's full passes
         assert gc.get_freeze_count() > kept
+
+
+# The fake API server ends its watches after their timeoutSeconds of real time, which
+# proves it is there: a limit of 300 s makes that 100 s at least, far beyond the test.
+QUIET_LIMIT_S = 300.0
+
+
+async def test_a_stale_cache_is_not_ready_and_is_neither_filtered_nor_bound_from(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put(NODES_PATH, node_json("gpu-a"))
+    pod = api.put(PODS_PATH, pod_json("train-0", gpus=2))
+    clock = ManualClock(NOW)
+    async with api_extender(api, tmp_path, max_cache_age_s=QUIET_LIMIT_S, clock=clock) as ext:
+        assert await ext.get("/readyz") == (200, "ok")
+        # kube-apiserver says nothing on either watch for longer than the limit
+        clock.advance(QUIET_LIMIT_S + 1)
+        status, reason = await ext.get("/readyz")
+        assert status == 503
+        for resource in ("nodes", "pods"):
+            assert f"the {resource} watch last heard from kube-apiserver 301 s ago" in reason
+        assert "--max-cache-age 300" in reason
+
+        status, answer = await ext.post("/filter", filter_args(pod, ["gpu-a"]))
+        assert status == 200, "an Error kube-scheduler retries the pod after"
+        assert "stale" in answer["Error"]
+        assert "the nodes watch last heard from kube-apiserver 301 s ago" in answer["Error"]
+        status, answer = await ext.post("/bind", bind_args(pod, "gpu-a"))
+        assert status == 200
+        assert "stale" in answer["Error"]
+        assert ext.cache.snapshot().assumed == frozenset()
+        assert api.requests_of("post") == [], "nothing was bound"
+        # no opinion from a stale cache: kube-scheduler scores without the extender, and
+        # preemption is retried rather than evict victims chosen on an old view
+        for verb in ("/prioritize", "/preempt"):
+            status, answer = await ext.post(verb, filter_args(pod, ["gpu-a"]))
+            assert status == 503
+            assert "stale" in answer["Error"]
+        metrics = await ext.metrics()
+        assert 'tessera_extender_cache_age_seconds{resource="nodes"} 301.0' in metrics
+        assert 'tessera_extender_cache_age_seconds{resource="pods"} 301.0' in metrics
+        assert 'tessera_extender_decisions_total{result="stale",verb="bind"} 1.0' in metrics
+
+        # the server speaks again (a bookmark on each watch): ready, and binds resume
+        api.send_bookmark()
+        await ext.ready()
+        assert await ext.post("/bind", bind_args(pod, "gpu-a")) == (200, {"Error": ""})
+    assert api.objects(PODS_PATH)["team-nlp/train-0"]["spec"]["nodeName"] == "gpu-a"
+
+
+async def test_without_a_cache_age_limit_an_old_cache_is_served(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put(NODES_PATH, node_json("gpu-a"))
+    pod = api.put(PODS_PATH, pod_json("train-0", gpus=2))
+    clock = ManualClock(NOW)
+    async with api_extender(api, tmp_path, max_cache_age_s=0, clock=clock) as ext:
+        clock.advance(3600)
+        assert await ext.get("/readyz") == (200, "ok")
+        status, result = await ext.post("/filter", filter_args(pod, ["gpu-a"]))
+        assert (status, result["NodeNames"]) == (200, ["gpu-a"])
+        metrics = await ext.metrics()
+    assert 'tessera_extender_cache_age_seconds{resource="pods"} 3600.0' in metrics
+
+
+async def test_the_watches_ask_for_bookmarks_and_end_within_the_cache_age_limit(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put(NODES_PATH, node_json("gpu-a"))
+    async with api_extender(api, tmp_path, max_cache_age_s=30) as ext:
+        await eventually(lambda: len(api.requests_of("watch")) == 2, "both watches open")
+        assert await ext.get("/readyz") == (200, "ok")
+    for watch in api.requests_of("watch"):
+        assert watch.query["allowWatchBookmarks"] == "true"
+        assert 10 <= int(watch.query["timeoutSeconds"]) < 20
 
 
 async def test_metrics_report_verbs_reasons_assumptions_and_gpus(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ flips once, reconnects resume from the right resourceVersion, and retries back o
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -69,12 +70,15 @@ class Consumer:
 
 @dataclass
 class FakeSleep:
-    """Records the backoff delays and returns at once."""
+    """Records the backoff delays and returns at once, moving ``clock`` by each delay."""
 
     delays: list[float] = field(default_factory=list)
+    clock: ManualClock | None = None
 
     async def __call__(self, seconds: float) -> None:
         self.delays.append(seconds)
+        if self.clock is not None:
+            self.clock.advance(seconds)
         await asyncio.sleep(0)
 
 
@@ -250,6 +254,80 @@ async def test_added_modified_deleted_events_keep_the_consumer_equal(
     assert first_watch["allowWatchBookmarks"] == "true"
     assert first_watch["watch"] == "true"
     assert int(first_watch["timeoutSeconds"]) >= 300
+
+
+async def test_a_short_watch_timeout_is_asked_for_and_spread_below_twice_itself(
+    rig: Rig,
+) -> None:
+    rig.api.put(NODES, node("n1"))
+    informer = rig.informer(watch_timeout_s=10)
+    async with run_informer(informer):
+        for watches in (1, 2, 3):
+            await eventually(lambda n=watches: len(rig.watches()) == n)  # type: ignore[misc]
+            rig.api.end_watches()
+
+    asked = [int(w.query["timeoutSeconds"]) for w in rig.watches()]
+    assert all(10 <= seconds < 20 for seconds in asked), asked
+
+
+# ---------------------------------------------------------------- how long since it was heard
+
+
+async def test_the_age_is_the_time_since_kube_apiserver_was_last_heard(rig: Rig) -> None:
+    clock = ManualClock()
+    rig.api.put(NODES, node("n1"))
+    informer = rig.informer(clock=clock)
+    assert informer.resource == "nodes"
+    clock.advance(5)
+    assert informer.age_s() == 5, "never heard: the age counts from the informer's start"
+    async with run_informer(informer):
+        await informer.wait_synced()
+        assert informer.age_s() == 0, "a list is the server speaking"
+        await eventually(lambda: rig.api.watchers == 1)
+        clock.advance(12)
+        assert informer.age_s() == 12, "an open watch proves nothing by itself"
+        rig.api.send_bookmark()
+        await eventually(lambda: informer.age_s() == 0)
+        clock.advance(7)
+        rig.api.put(NODES, node("n2"))
+        await eventually(lambda: informer.age_s() == 0)
+        clock.advance(9)
+        # a quiet watch the server ends when its timeoutSeconds runs out: the server is there
+        rig.api.end_watches()
+        await eventually(lambda: len(rig.watches()) == 2)
+        assert informer.age_s() == 0
+
+
+async def test_a_lost_watch_ages_and_is_a_warning_until_the_server_is_heard_again(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="cluster.informer")
+    clock = ManualClock()
+    rig.sleep.clock = clock
+    rig.api.put(NODES, node("n1"))
+    informer = rig.informer(clock=clock, backoff=Backoff(initial_s=1, cap_s=8, jitter=0))
+    async with run_informer(informer):
+        await informer.wait_synced()
+        await eventually(lambda: rig.api.watchers == 1)
+        caplog.clear()
+        # kube-apiserver goes away: the open watch breaks, the next three attempts fail
+        rig.api.faults.extend(Fault("watch", 503, "ServiceUnavailable") for _ in range(3))
+        rig.api.drop_watches()
+        await eventually(lambda: len(rig.sleep.delays) == 4 and rig.api.watchers == 1)
+        assert informer.age_s() == 1 + 2 + 4 + 8
+        rig.api.put(NODES, node("n2"))
+        await eventually(lambda: informer.age_s() == 0)
+
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    fields = [r.tessera_fields for r in warnings]  # type: ignore[attr-defined]
+    assert len(warnings) == 4, "one line per attempt, no more"
+    assert {f["resource"] for f in fields} == {"nodes"}
+    assert [f["age_s"] for f in fields] == [0, 1, 3, 7]
+    assert [f["delay_s"] for f in fields] == [1, 2, 4, 8]
+    recovered = [r for r in caplog.records if r.message == "informer recovered"]
+    assert len(recovered) == 1
+    assert recovered[0].levelno == logging.INFO
+    assert recovered[0].tessera_fields["age_s"] == 15  # type: ignore[attr-defined]
 
 
 async def test_a_bookmark_moves_the_point_the_next_watch_resumes_from(

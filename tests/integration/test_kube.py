@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import os
 import sys
@@ -20,6 +21,8 @@ import yaml
 
 from cluster.clock import ManualClock
 from cluster.kube import (
+    METADATA_LIST_ACCEPT,
+    METADATA_WATCH_ACCEPT,
     ApiError,
     ConfigError,
     KubeClient,
@@ -110,6 +113,30 @@ async def test_list_follows_continue_tokens_and_returns_the_list_version(
     pages = api.requests_of("list")
     assert len(pages) == 3
     assert all(p.query["labelSelector"] == "app=x" and p.query["limit"] == "3" for p in pages)
+
+
+async def test_a_list_and_a_watch_of_metadata_only_ask_for_it_and_others_do_not(
+    api: FakeApiServer, client: KubeClient
+) -> None:
+    await client.list(PODS, metadata_only=True)
+    await client.list(PODS)
+    since = api.resource_version
+    for metadata_only in (True, False):
+        events = client.watch(PODS, since, timeout_s=1, metadata_only=metadata_only)
+        async with contextlib.aclosing(events):
+            watching = asyncio.create_task(anext(events, None))
+            async with asyncio.timeout(5):
+                while api.watchers == 0:  # noqa: ASYNC110 (the server is on this loop)
+                    await asyncio.sleep(0.002)
+            api.end_watches()
+            await watching
+    accepts = [r.headers["Accept"] for r in api.requests if r.kind in ("list", "watch")]
+    assert accepts == [
+        METADATA_LIST_ACCEPT,
+        "application/json",
+        METADATA_WATCH_ACCEPT,
+        "application/json",
+    ]
 
 
 async def test_post_creates_and_a_second_binding_is_a_conflict(

@@ -82,31 +82,34 @@ class Server:
 
 
 @contextlib.asynccontextmanager
-async def start(material: Material, store: PolicyStore) -> AsyncIterator[tuple[str, str]]:
+async def started(material: Material, store: PolicyStore) -> AsyncIterator[Server]:
     """The webhook as ``python -m webhook`` serves it: guarded, over TLS, its metrics on
-    a plain-HTTP listener of their own; the two base URLs."""
+    a plain-HTTP listener of their own; and a client trusting its CA, for the block.
+    All are closed however the block ends: a test that skips (no captures) or fails
+    half-way must not leave a listening socket for the collector to find in some later
+    test, where ``filterwarnings = error`` makes its ResourceWarning that test's error."""
     settings = WebhookSettings(managed_namespaces=frozenset({"team-nlp"}))
     clock = ManualClock()
     app = create_app(settings, store=store, clock=clock)
     reloader = CertReloader(material["webhook.crt"], material["webhook.key"])
     metrics = serving.metrics_app(app[serving.EXPOSITION], clock)
+    connector = aiohttp.TCPConnector(ssl=client_context(material["ca.crt"]))
     async with (
         serving.running(app, "127.0.0.1", 0, reloader.context, shutdown_grace_s=1) as port,
         serving.running(metrics, "127.0.0.1", 0) as metrics_port,
+        aiohttp.ClientSession(connector=connector) as session,
     ):
-        yield f"https://localhost:{port}", f"http://127.0.0.1:{metrics_port}"
+        yield Server(
+            f"https://localhost:{port}", session, store, f"http://127.0.0.1:{metrics_port}"
+        )
 
 
 @pytest.fixture
 async def server(material: Material) -> AsyncIterator[Server]:
     store = PolicyStore(ManualClock())
     store.load_file(str(POLICY))
-    connector = aiohttp.TCPConnector(ssl=client_context(material["ca.crt"]))
-    async with (
-        start(material, store) as (url, metrics_url),
-        aiohttp.ClientSession(connector=connector) as session,
-    ):
-        yield Server(url, session, store, metrics_url)
+    async with started(material, store) as running:
+        yield running
 
 
 def decoded_patch(response: dict[str, Any]) -> list[dict[str, Any]]:
@@ -185,12 +188,7 @@ async def test_a_10_mb_body_is_refused_quickly_and_the_server_lives_on(server: S
 
 async def test_not_ready_until_the_policy_is_synced(material: Material) -> None:
     store = PolicyStore(ManualClock())
-    connector = aiohttp.TCPConnector(ssl=client_context(material["ca.crt"]))
-    async with (
-        start(material, store) as (url, _),
-        aiohttp.ClientSession(connector=connector) as session,
-    ):
-        client = Server(url, session, store)
+    async with started(material, store) as client:
         assert (await client.get("/readyz"))[0] == 503
         status, answer = await client.post(jsonio.dumps(captured_job_review()))
         assert status == 503

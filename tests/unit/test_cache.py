@@ -6,6 +6,7 @@ scratch."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -16,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from cluster.cache import AllocationConflict, ClusterCache, ProductCounters
 from cluster.clock import ManualClock
+from cluster.convert import node_from_json
 from cluster.model import (
     MILLI_PER_GPU,
     Allocation,
@@ -31,6 +33,7 @@ from cluster.model import (
     pod_key,
 )
 from cluster.snapshot import Snapshot, indices_match, pick_gpus
+from tests.builders import node_json
 
 # ---------------------------------------------------------------------------- builders
 
@@ -982,3 +985,23 @@ TestCacheMachine.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def test_a_node_advertising_a_negative_gpu_count_has_none_and_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="cluster.cache")
+    cache = ClusterCache(ManualClock())
+    broken = node_from_json(node_json("n1", gpus="-1"))
+    cache.replace_nodes([broken])
+    cache.upsert_node(broken)  # the watch repeats it: nothing new to say
+    cache.replace_nodes([broken])  # a relist
+    assert cache.snapshot().nodes[NodeName("n1")].gpus == ()
+    (line,) = [r for r in caplog.records if r.name == "cluster.cache"]
+    assert line.message == "node values ignored"
+    fields = line.tessera_fields  # type: ignore[attr-defined]
+    assert fields["node"] == "n1"
+    assert fields["problems"] == [
+        "status.allocatable['nvidia.com/gpu'] is '-1': a count cannot be negative; "
+        "the node offers no GPUs"
+    ]

@@ -8,6 +8,7 @@ import pytest
 
 from cluster.cli import env_bool, env_name
 from webhook.__main__ import parse_settings
+from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES
 
 PREFIX = "TESSERA_WEBHOOK_"
 CERTS = ["--tls-cert", "w.crt", "--tls-key", "w.key"]
@@ -54,3 +55,29 @@ def test_a_settings_error_is_one_line_without_pydantic_prefixes(
     assert "give --policy-file or --kubeconfig, not both" in err
     assert "Value error" not in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ", "job", "jobset"),
+    [
+        pytest.param([], {}, JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES, id="defaults"),
+        pytest.param(
+            [],
+            {PREFIX + "JOBSET_CONTROLLER_USERNAMES": "system:serviceaccount:jobset:manager, x"},
+            JOB_CONTROLLER_USERNAMES,
+            ("system:serviceaccount:jobset:manager", "x"),
+            id="from-the-environment",
+        ),
+        pytest.param(
+            ["--job-controller-usernames", ""], {}, (), JOBSET_CONTROLLER_USERNAMES, id="unchecked"
+        ),
+    ],
+)
+def test_the_controllers_usernames_are_comma_separated_and_may_be_empty(
+    argv: list[str], environ: dict[str, str], job: tuple[str, ...], jobset: tuple[str, ...]
+) -> None:
+    settings = parse_settings([*CERTS, *argv], environ)
+    assert (settings.job_controller_usernames, settings.jobset_controller_usernames) == (
+        job,
+        jobset,
+    )

@@ -232,6 +232,11 @@ GPU_COUNTS = [
     pytest.param({"allocatable": {"nvidia.com/gpu": "eight"}}, 0, 1, id="not-a-quantity"),
     pytest.param({"allocatable": {"nvidia.com/gpu": "-1"}}, 0, 1, id="negative"),
     pytest.param({"allocatable": {"nvidia.com/gpu": "1e9"}}, 0, 1, id="absurd"),
+    pytest.param({"allocatable": {"nvidia.com/gpu": "1.5"}}, 0, 1, id="fractional"),
+    pytest.param({"allocatable": {"nvidia.com/gpu": "500m"}}, 0, 1, id="milli"),
+    pytest.param({"allocatable": {"nvidia.com/gpu": "NaN"}}, 0, 1, id="nan-text"),
+    pytest.param({"allocatable": {"nvidia.com/gpu": float("nan")}}, 0, 1, id="nan-number"),
+    pytest.param({"allocatable": {"nvidia.com/gpu": float("inf")}}, 0, 1, id="inf-number"),
     pytest.param({"allocatable": {"cpu": "4"}}, 0, 0, id="no-gpus"),
 ]  # fmt: skip
 
@@ -242,6 +247,10 @@ def test_gpu_count(status: dict[str, Any], gpus: int, problems: int) -> None:
     assert node.gpu_count == gpus
     assert [gpu.index for gpu in node.gpus] == list(range(gpus))
     assert len(node.problems) == problems
+    if problems:
+        # the line the cache logs once for the node says what it made of it
+        assert node.problems[0].startswith("status.allocatable['nvidia.com/gpu'] is ")
+        assert node.problems[0].endswith("; the node offers no GPUs")
 
 
 def test_taints_and_cordon() -> None:
@@ -491,6 +500,94 @@ def test_unusable_resource_values_are_reported(requests: dict[str, Any], problem
     pod = pod_from_json(pod_json(containers=[container("train", requests=requests)]))
     assert len(pod.problems) == 1
     assert pod.problems[0].startswith(problem)
+
+
+_WHERE = "containers['train'].resources.requests"
+_NOT_NEGATIVE = "a count cannot be negative"
+_NOT_A_NUMBER = "not a number of GPUs"
+_GPU_ASK = f"the pod's {keys.GPU_RESOURCE} request is unusable"
+_SHARE_ASK = f"the pod's {keys.GPU_MILLI_RESOURCE} request is unusable"
+BAD_GPU_REQUESTS = [
+    pytest.param({keys.GPU_RESOURCE: "-1"}, f"{_GPU_ASK}: {_WHERE} is '-1': {_NOT_NEGATIVE}",
+                 id="negative"),
+    pytest.param({keys.GPU_RESOURCE: -2}, f"{_GPU_ASK}: {_WHERE} is -2: {_NOT_NEGATIVE}",
+                 id="negative-json-number"),
+    pytest.param({keys.GPU_RESOURCE: "NaN"}, f"{_GPU_ASK}: {_WHERE} is 'NaN': {_NOT_A_NUMBER}",
+                 id="nan-text"),
+    pytest.param({keys.GPU_RESOURCE: float("nan")},
+                 f"{_GPU_ASK}: {_WHERE} is nan: {_NOT_A_NUMBER}", id="nan-number"),
+    pytest.param({keys.GPU_RESOURCE: float("inf")},
+                 f"{_GPU_ASK}: {_WHERE} is inf: {_NOT_A_NUMBER}", id="inf-number"),
+    pytest.param({keys.GPU_RESOURCE: "0.5"},
+                 f"{_GPU_ASK}: {_WHERE} is '0.5': GPUs are whole; ask for "
+                 f"{keys.GPU_MILLI_RESOURCE} for a share of one", id="fractional"),
+    pytest.param({keys.GPU_RESOURCE: "1500m"}, f"{_GPU_ASK}: {_WHERE} is '1500m': GPUs are whole",
+                 id="fractional-milli-suffix"),
+    pytest.param({keys.GPU_RESOURCE: "1025"},
+                 f"{_GPU_ASK}: the pod asks for 1025 GPUs, more than a node can have (1024)",
+                 id="absurd"),
+    pytest.param({keys.GPU_RESOURCE: "1e9"},
+                 f"{_GPU_ASK}: the pod asks for 1000000000 GPUs, more than a node can have",
+                 id="absurd-exponent"),
+    pytest.param({keys.GPU_MILLI_RESOURCE: "-250"},
+                 f"{_SHARE_ASK}: {_WHERE} is '-250': {_NOT_NEGATIVE}", id="share-negative"),
+    pytest.param({keys.GPU_MILLI_RESOURCE: "nan"},
+                 f"{_SHARE_ASK}: {_WHERE} is 'nan': {_NOT_A_NUMBER}", id="share-nan"),
+    pytest.param({keys.GPU_MILLI_RESOURCE: "2.5"},
+                 f"{_SHARE_ASK}: {_WHERE} is '2.5': a share is a whole number of thousandths "
+                 "of a GPU", id="share-fractional"),
+    pytest.param({keys.GPU_MILLI_RESOURCE: "2000000"},
+                 f"{_SHARE_ASK}: the pod asks for 2000000 thousandths of a GPU, more than a "
+                 "node can have (1024 GPUs)", id="share-absurd"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("requests", "refusal"), BAD_GPU_REQUESTS)
+def test_a_gpu_request_that_is_no_count_of_gpus_makes_the_pod_unplaceable(
+    requests: dict[str, Any], refusal: str
+) -> None:
+    """Never read as zero GPUs (which every node fits): the pod is refused, and the
+    reason says which request and why."""
+    pod = pod_from_json(pod_json(containers=[container("train", requests=requests)]))
+    assert pod.refusal.startswith(refusal), pod.refusal
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        pytest.param("init", id="init-container"),
+        pytest.param("limits", id="limit-without-request"),
+        pytest.param("overhead", id="overhead"),
+    ],
+)
+def test_a_bad_gpu_request_is_refused_wherever_it_is_written(where: str) -> None:
+    bad = {keys.GPU_RESOURCE: "-1"}
+    if where == "init":
+        obj = pod_json(gpus=1, init_containers=[container("setup", requests=bad)])
+    elif where == "limits":
+        obj = pod_json(containers=[container("train", limits=bad)])
+    else:
+        obj = pod_json(gpus=1, overhead=bad)
+    pod = pod_from_json(obj)
+    assert pod.refusal.startswith(f"{_GPU_ASK}: ")
+    assert "'-1': a count cannot be negative" in pod.refusal
+
+
+@pytest.mark.parametrize(
+    "ask",
+    [
+        {"gpus": 0},
+        {"gpus": 8},
+        {"gpus": 1024},
+        {"gpu_milli": 1},
+        {"gpu_milli": 999},
+        {"gpu_milli": 1500},  # counted as 2 whole GPUs, with a problem: not refused
+        {"gpus": 2, "gpu_milli": 500},
+    ],
+    ids=str,
+)
+def test_a_usable_gpu_request_is_not_refused(ask: dict[str, Any]) -> None:
+    assert pod_from_json(pod_json(**ask)).refusal == ""
 
 
 def _gang(size: int, min_count: int) -> GangSpec:

@@ -373,3 +373,43 @@ def test_preempt_settles_for_a_minimal_set_when_subsets_are_too_many() -> None:
     got = decide.preempt(snap, pod("p", demand(4)), proposal, CONFIG, NOW, max_subsets=1)
     # greedy, sparing from the last: minimal (neither pair can be spared), not the smallest
     assert got == {"n1": victims("two-a", "two-b")}
+
+
+# ---------------------------------------------------------------- a GPU request that is no count
+
+
+REFUSAL = "the pod's nvidia.com/gpu request is unusable: containers['c'].resources.requests is '-1'"
+
+
+def unusable(name: str = "p") -> PodInfo:
+    """A pod whose GPU request could not be read: its demand shows no GPUs."""
+    return replace(pod(name, PodDemand()), refusal=REFUSAL)
+
+
+def test_a_pod_with_an_unusable_gpu_request_fits_no_node_and_preemption_cannot_help() -> None:
+    snap = snapshot([node(".... ....", "free"), node("#### ####", "busy")])
+    outcome = decide.filter_nodes(snap, unusable(), ["free", "busy", "ghost"], CONFIG, NOW)
+    assert outcome.fits == ()
+    assert outcome.failed == {}
+    assert outcome.unresolvable == {"free": REFUSAL, "busy": REFUSAL, "ghost": REFUSAL}
+
+
+def test_a_pod_with_an_unusable_gpu_request_given_full_nodes_fits_none_of_them() -> None:
+    given = decide.request_nodes(
+        snapshot([node(".... ....", "n1")]), [builders.node_json("n1")], CONFIG
+    )
+    outcome = decide.filter_nodes(
+        given.snapshot, unusable(), given.names, CONFIG, NOW, unresolvable=given.unresolvable
+    )
+    assert (outcome.fits, dict(outcome.unresolvable)) == ((), {"n1": REFUSAL})
+
+
+def test_a_pod_with_an_unusable_gpu_request_is_never_bound_scored_or_preempted_for() -> None:
+    snap = bind_cluster()
+    assert decide.plan_bind(snap, unusable(), "n1", CONFIG, NOW) == BindRefusal(
+        f"cannot bind pod ns/p: {REFUSAL}"
+    )
+    assert decide.score_nodes(snap, unusable(), ["n1", "n2"], CONFIG, NOW) == [None, None]
+    assert decide.prioritize(snap, unusable(), ["n1", "n2"], CONFIG, NOW) == [0, 0]
+    held = snapshot([node(".... ....", "n1")], FULL)
+    assert decide.preempt(held, unusable(), {"n1": victims("four")}, CONFIG, NOW) == {}

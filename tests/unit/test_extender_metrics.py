@@ -19,7 +19,7 @@ from cluster.model import NodeName
 from extender import decide
 from extender.config import HOSTNAME_LEVEL, ExtenderConfig, TopologyLevel
 from extender.metrics import REASON_CATEGORIES, reason_category
-from tests.builders import RACK_LABEL, node_json, pod_json
+from tests.builders import RACK_LABEL, container, node_json, pod_json
 
 NOW = datetime(2026, 11, 29, 18, 28, tzinfo=UTC)
 CONFIG = ExtenderConfig(levels=(TopologyLevel("rack", RACK_LABEL), HOSTNAME_LEVEL))
@@ -56,6 +56,13 @@ def on_x(name: str, indices: str, **kwargs: Any) -> dict[str, Any]:
 
 ROWS = [
     pytest.param(x(unschedulable=True), pod_json(gpus=1), (), "cordoned", id="cordoned"),
+    pytest.param(
+        x(),
+        pod_json(containers=[container("c", requests={"nvidia.com/gpu": "-1"})]),
+        (),
+        "unusable_request",
+        id="negative-gpu-request",
+    ),
     pytest.param(
         x(product="NVIDIA-A100-SXM4-80GB"),
         pod_json(gpus=1, products="H100"),

@@ -127,11 +127,51 @@ def test_where_it_listens(values: dict[str, Any], host: str) -> None:
         pytest.param({"cpu_stranding": -0.1}, "greater than or equal to 0", id="stranding-below-0"),
         pytest.param({"pod_mix": "sometimes"}, "'learned' or 'default'", id="pod-mix-word"),
         pytest.param({"pod_mix_interval_s": 0}, "greater than 0", id="pod-mix-interval"),
+        pytest.param({"max_cache_age_s": -1}, "greater than or equal to 0", id="cache-age-below-0"),
+        pytest.param({"max_cache_age_s": 3}, "0 \\(off\\) or at least 6", id="cache-age-too-short"),
     ],
 )
 def test_refused_settings_say_why(values: dict[str, Any], reason: str) -> None:
     with pytest.raises(ValidationError, match=reason):
         ExtenderSettings.model_validate(values)
+
+
+@pytest.mark.parametrize(
+    ("argv", "environ"),
+    [
+        pytest.param(["--max-cache-age", "90"], {}, id="flag"),
+        pytest.param([], {"TESSERA_EXTENDER_MAX_CACHE_AGE": "90"}, id="environment"),
+    ],
+)
+def test_the_cache_age_limit_from_a_flag_or_the_environment(
+    argv: list[str], environ: dict[str, str]
+) -> None:
+    assert parse_settings(argv, environ).max_cache_age_s == 90
+
+
+@pytest.mark.parametrize(
+    ("limit", "shortest", "longest"),
+    [
+        pytest.param(30, 10, 20, id="default"),
+        pytest.param(90, 30, 60, id="longer"),
+        pytest.param(6, 2, 4, id="shortest-allowed"),
+        pytest.param(0, 300, 600, id="off"),
+    ],
+)
+def test_a_quiet_watch_ends_and_is_heard_well_within_the_cache_age_limit(
+    limit: float, shortest: int, longest: int
+) -> None:
+    """The informer asks for ``timeoutSeconds`` in [t, 2t): the server ends a quiet watch
+    (after a bookmark) before the limit, so a healthy cluster is never taken for stale."""
+    settings = ExtenderSettings(max_cache_age_s=limit)
+    assert settings.watch_timeout_s == shortest
+    assert 2 * settings.watch_timeout_s == longest
+    if limit:
+        assert longest <= limit * 2 / 3
+
+
+def test_the_cache_may_be_30_s_old_unless_told_otherwise() -> None:
+    assert ExtenderSettings().max_cache_age_s == 30
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ from certs.plan import make_plan
 from cluster import labels
 from cluster.deadline import parse_go_duration
 from extender.settings import ExtenderSettings
+from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES
 from webhook.settings import MAX_TIMEOUT_S, WebhookSettings
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
@@ -268,15 +269,41 @@ def test_match_conditions_look_for_a_queue_label_or_a_gpu_in_every_kind() -> Non
                 assert f"'{resource_name}' in c.resources.{part}" in expression
                 assert f"has(c.resources.{part})" in expression
         assert expression.count("(") == expression.count(")")
-    assert set(conditions) == {
-        *paths,
-        "not-made-by-a-job-controller",
-        "not-from-the-tessera-scheduler",
-    }
-    assert (
-        f"system:serviceaccount:{NAMESPACE}:{SCHEDULER_SA}"
-        in conditions["not-from-the-tessera-scheduler"]
-    )
+    assert set(conditions) == {*paths, "not-made-by-a-job-controller"}
+
+
+def test_binding_a_pod_never_waits_on_the_webhook() -> None:
+    """The scheduler pod writes pods only through subresources (``pods/binding``, which
+    also carries the extender's GPU annotation; ``pods/status``), which the webhook's
+    ``pods`` rule does not match: no condition exempting the scheduler is needed."""
+    config = webhook()
+    for rule in config["rules"]:
+        assert not any("/" in resource for resource in rule["resources"]), rule
+    for condition in config["matchConditions"]:
+        assert "tessera-scheduler" not in condition["expression"], condition["name"]
+
+
+def test_only_objects_from_a_job_controller_naming_it_as_controller_skip_the_webhook() -> None:
+    """Issue 20: any ownerReference to a Job or JobSet used to skip the call. The skip now
+    needs ``controller: true`` and the controller's own username, the same usernames the
+    webhook checks by default (the webhook also checks that the owner exists)."""
+    expression = {c["name"]: c["expression"] for c in webhook()["matchConditions"]}[
+        "not-made-by-a-job-controller"
+    ]
+    assert expression.startswith("!has(object.metadata.ownerReferences) ||")
+    assert "has(o.controller) && o.controller == true" in expression
+    for field in ("kind", "apiVersion"):
+        assert f"has(o.{field})" in expression
+    job_branch, jobset_branch = expression.split("(o.kind == ")[1:]
+    assert job_branch.startswith("'Job' && o.apiVersion == 'batch/v1'")
+    assert jobset_branch.startswith("'JobSet' && o.apiVersion.startsWith('jobset.x-k8s.io/')")
+    for branch, usernames in (
+        (job_branch, JOB_CONTROLLER_USERNAMES),
+        (jobset_branch, JOBSET_CONTROLLER_USERNAMES),
+    ):
+        (listed,) = re.findall(r"request\.userInfo\.username in\s*\[([^\]]*)\]", branch)
+        assert re.findall(r"'([^']*)'", listed) == list(usernames)
+    assert expression.count("(") == expression.count(")")
 
 
 def test_the_webhook_is_called_through_its_service_with_a_certificate_make_certs_issues() -> None:
@@ -340,7 +367,7 @@ def rules(role: dict[str, Any]) -> set[tuple[tuple[str, ...], ...]]:
     }
 
 
-def test_the_webhook_only_reads_kueue_queue_objects() -> None:
+def test_the_webhook_only_reads_kueue_queue_objects_and_the_owners_of_pods_and_jobs() -> None:
     assert rules(one("ClusterRole", "tessera-webhook")) == {
         (
             ("kueue.x-k8s.io",),
@@ -353,14 +380,18 @@ def test_the_webhook_only_reads_kueue_queue_objects() -> None:
             ),
             ("get", "list", "watch"),
             (),
-        )
+        ),
+        (("batch",), ("jobs",), ("get", "list", "watch"), ()),
+        (("jobset.x-k8s.io",), ("jobsets",), ("get", "list", "watch"), ()),
     }
 
 
-def test_the_extender_watches_nodes_and_pods_binds_and_annotates_nothing_more() -> None:
+def test_the_extender_watches_nodes_and_pods_and_binds_nothing_more() -> None:
+    """No ``patch`` or ``update`` on pods: the GPU annotation travels in the Binding.
+    Whoever may patch any pod may change any pod's image."""
     assert rules(one("ClusterRole", "tessera-extender")) == {
         (("",), ("nodes",), ("get", "list", "watch"), ()),
-        (("",), ("pods",), ("get", "list", "patch", "watch"), ()),
+        (("",), ("pods",), ("get", "list", "watch"), ()),
         (("",), ("pods/binding",), ("create",), ()),
     }
 

@@ -22,6 +22,7 @@ from webhook.queues import (
     format_seconds,
     parse_seconds,
     policy_from_objects,
+    policy_view,
 )
 
 GPU = labels.GPU_RESOURCE
@@ -393,6 +394,38 @@ def test_flavors_keep_labels_taints_and_topology() -> None:
     assert spot.node_taints == (Taint("spot", "true", "NoSchedule"),)
     assert spot.topology_name == "t"
     assert policy.problems == ()
+
+
+def _annotated(obj: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
+    obj["metadata"]["annotations"] = annotations
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("flavor", "topology", "kueue_places"),
+    [
+        pytest.param(flavor_obj("f", topology="t"), "t", True, id="spec-topologyName"),
+        pytest.param(_annotated(flavor_obj("f"), {labels.FLAVOR_TOPOLOGY: "t"}), "t", False,
+                     id="tessera-annotation"),
+        pytest.param(_annotated(flavor_obj("f", topology="t"), {labels.FLAVOR_TOPOLOGY: "u"}),
+                     "t", True, id="kueue-field-wins"),
+        pytest.param(_annotated(flavor_obj("f"), {labels.FLAVOR_TOPOLOGY: ""}), None, False,
+                     id="empty-annotation"),
+        pytest.param(flavor_obj("f"), None, False, id="neither"),
+    ],
+)  # fmt: skip
+def test_a_flavors_topology_and_who_places_by_it(
+    flavor: dict[str, Any], topology: str | None, kueue_places: bool
+) -> None:
+    policy = policy_from_objects([flavor, topology_obj("t", ["rack"]), topology_obj("u", ["x"])])
+    parsed = policy.flavor("f")
+    assert parsed is not None
+    assert (parsed.topology_name, parsed.kueue_topology) == (topology, kueue_places)
+
+
+def test_the_flavor_topology_annotation_survives_the_policy_view() -> None:
+    flavor = _annotated(flavor_obj("f"), {labels.FLAVOR_TOPOLOGY: "t", "other": "x"})
+    assert policy_view(flavor)["metadata"]["annotations"] == {labels.FLAVOR_TOPOLOGY: "t"}
 
 
 @pytest.mark.parametrize(

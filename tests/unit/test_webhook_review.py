@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from cluster import jsonio
 from tests.unit.test_webhook_rules import CONFIG, POLICY
+from webhook.owners import OwnerKind, OwnerRef, OwnerView
 from webhook.review import (
     AdmissionReviewModel,
     BadReview,
@@ -22,8 +23,11 @@ from webhook.review import (
     validate_review,
 )
 from webhook.review_flow import handle_review, review
+from webhook.workload import WorkloadKind, workload_from_object
 
 CAPTURES = Path(__file__).resolve().parents[3] / "shared" / "captures"
+CAPTURED_JOB_UID = "7c9bef66-465c-4588-b062-b3150d5253dc"
+"""The Job of the captured pods (004, 006)."""
 
 
 def captured(number: str) -> dict[str, Any]:
@@ -242,8 +246,19 @@ def test_dry_run_gets_the_same_answer() -> None:
 
 
 @needs_captures
+def test_a_pod_of_a_job_arrives_with_its_controller_reference_and_sender() -> None:
+    request = decode_review(jsonio.dumps(captured("004")))
+    assert request.user.username == "system:serviceaccount:kube-system:job-controller"
+    workload = workload_from_object(request.object or {}, WorkloadKind.POD, request.namespace)
+    assert workload.owners == (
+        OwnerRef("batch/v1", "Job", "finetune-cslh4", CAPTURED_JOB_UID, controller=True),
+    )
+
+
+@needs_captures
 def test_review_reports_what_metrics_count() -> None:
-    outcome = review(jsonio.dumps(captured("004")), POLICY, CONFIG)
+    job = OwnerView({OwnerKind.JOB: {("team-nlp", "finetune-cslh4"): CAPTURED_JOB_UID}})
+    outcome = review(jsonio.dumps(captured("004")), POLICY, CONFIG, job)
     assert (outcome.status, outcome.kind, outcome.decision, outcome.reason) == (
         200,
         "Pod",

@@ -65,11 +65,18 @@ def make_policy() -> Policy:
         [
             topology_obj("gpu", ["example.com/block", "example.com/rack", labels.HOSTNAME]),
             flavor_obj(
-                "h100-reserved", {labels.GFD_PRODUCT: H100, cap: "reserved"}, topology="gpu"
+                "h100-reserved",
+                {labels.GFD_PRODUCT: H100, cap: "reserved"},
+                tessera_topology="gpu",
             ),
             flavor_obj(
-                "h100-spot", {labels.GFD_PRODUCT: H100, cap: "spot"}, taints=[SPOT], topology="gpu"
+                "h100-spot",
+                {labels.GFD_PRODUCT: H100, cap: "spot"},
+                taints=[SPOT],
+                tessera_topology="gpu",
             ),
+            # topology mode B: Kueue's topology-aware scheduling places by it
+            flavor_obj("h100-tas", {labels.GFD_PRODUCT: H100, cap: "tas"}, topology="gpu"),
             flavor_obj("a100", {labels.GFD_PRODUCT: A100}),
             flavor_obj("anywhere"),
             cq_obj(
@@ -868,6 +875,11 @@ def test_rule_gang_leaves_single_pods_alone(obj: dict[str, Any]) -> None:
                      ["from 1 to the 4 pods"], id="more-than-size"),
         pytest.param(job(parallelism=4, annotations={labels.GANG_MIN: "two"}), 422,
                      ["'two' must be a whole number"], id="not-a-number"),
+        pytest.param(job(parallelism=4, annotations={labels.GANG_MIN: "\N{SUPERSCRIPT TWO}"}),
+                     422, ["must be a whole number"], id="a-digit-int-refuses"),
+        pytest.param(job(parallelism=4, annotations={labels.GANG_MIN: "2" * 5000}), 422,
+                     ["must be a whole number from 1 to the 4 pods"],
+                     id="more-digits-than-int-reads"),
         pytest.param(pod(annotations={labels.GANG_MIN: "2"}), 422,
                      ["from 1 to the 1 pod of pod notebook"], id="pod-alone"),
         pytest.param(job(parallelism=8, gpus=8, annotations={labels.GANG_MIN: "4"}), 403,
@@ -958,6 +970,52 @@ def test_a_template_keeps_its_own_topology() -> None:
     result, out = _topology(obj, flavors("h100-reserved", "h100-spot"))
     assert result == ()
     assert out == obj
+
+
+@pytest.mark.parametrize(
+    ("value", "key", "node_label"),
+    [
+        pytest.param("required:rack", labels.KUEUE_REQUIRED_TOPOLOGY, "example.com/rack",
+                     id="required"),
+        pytest.param("preferred:block", labels.KUEUE_PREFERRED_TOPOLOGY, "example.com/block",
+                     id="preferred"),
+        pytest.param("required:kubernetes.io/hostname", labels.KUEUE_REQUIRED_TOPOLOGY,
+                     labels.HOSTNAME, id="full-label"),
+    ],
+)  # fmt: skip
+def test_with_kueues_topology_the_level_goes_to_kueue_and_not_to_the_extender(
+    value: str, key: str, node_label: str
+) -> None:
+    obj = jobset([("w", 2, 2, 4), ("d", 1, 1, None)], annotations={labels.TOPOLOGY: value})
+    result, out = _topology(obj, flavors("h100-tas"))
+    assert isinstance(result, tuple)
+    assert result == (
+        f"topology {value}: Kueue's topology-aware scheduling places the pods ({key})",
+    )
+    for rjob in out["spec"]["replicatedJobs"]:
+        assert rjob["template"]["spec"]["template"]["metadata"]["annotations"] == {key: node_label}
+
+
+def test_with_some_flavors_kueues_kueue_gets_the_level_and_the_others_are_named() -> None:
+    obj = job(annotations={labels.TOPOLOGY: "required:rack"})
+    result, out = _topology(obj, flavors("h100-reserved", "h100-tas"))
+    assert isinstance(result, tuple)
+    assert result[1] == (
+        "flavors h100-reserved have no spec.topologyName: Kueue admits a job that asks for a "
+        "topology only to flavors that have one"
+    )
+    assert out["spec"]["template"]["metadata"]["annotations"] == {
+        labels.KUEUE_REQUIRED_TOPOLOGY: "example.com/rack"
+    }
+
+
+def test_kueues_own_annotation_written_by_the_user_is_kept() -> None:
+    own = {labels.KUEUE_REQUIRED_TOPOLOGY: "example.com/block"}
+    obj = job(annotations={labels.TOPOLOGY: "required:rack"}, template_meta={"annotations": own})
+    _, out = _topology(obj, flavors("h100-tas"))
+    assert out["spec"]["template"]["metadata"]["annotations"] == {
+        labels.KUEUE_REQUIRED_TOPOLOGY: "example.com/block"
+    }
 
 
 @pytest.mark.parametrize(
@@ -1168,8 +1226,6 @@ def test_updates_denied(old: dict[str, Any], new: dict[str, Any], fragment: str)
     ("req", "reason"),
     [
         pytest.param(request(job(gpus=None)), "no-gpu", id="no-gpu"),
-        pytest.param(request(pod(owners=[{"apiVersion": "batch/v1", "kind": "Job", "name": "j"}])),
-                     "owned", id="pod-of-a-job"),
         pytest.param(request(job(queue=None, namespace="free")), "no-queue", id="unmanaged"),
         pytest.param(request(job(), operation="DELETE"), "not-mutated", id="delete"),
         pytest.param(request(job(), operation="UPDATE", old=job()), "validated", id="update"),

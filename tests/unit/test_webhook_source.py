@@ -18,8 +18,9 @@ from cluster import labels
 from cluster.clock import ManualClock
 from cluster.files import load_objects
 from tests.builders import KUEUE, cq_obj, flavor_obj, lq_obj
+from webhook.owners import OwnerKey, OwnerKind
 from webhook.queues import Policy, parse_objects, policy_from_objects, policy_view
-from webhook.source import KUEUE_RESOURCES, PolicyStore
+from webhook.source import KUEUE_RESOURCES, OwnerStore, PolicyStore
 
 GPU = labels.GPU_RESOURCE
 POLICY = Path(__file__).resolve().parents[1] / "golden" / "webhook" / "policy.yaml"
@@ -274,3 +275,54 @@ def test_the_view_reads_as_the_whole_object(
     obj["metadata"]["annotations"] = {**extra_annotations,
                                       **obj["metadata"].get("annotations", {})}  # fmt: skip
     assert list(parse_objects([policy_view(obj)])) == list(parse_objects([obj]))
+
+
+# ---------------------------------------------------------------- owners
+
+
+def meta_only(namespace: str, name: str, uid: str | None) -> dict[str, Any]:
+    """A Job or JobSet as a metadata-only list or watch gives it."""
+    metadata: dict[str, Any] = {"namespace": namespace, "name": name}
+    if uid is not None:
+        metadata["uid"] = uid
+    return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": metadata}
+
+
+JOB_KEY = OwnerKey(OwnerKind.JOB, "team", "train")
+
+
+def test_the_owner_store_keeps_each_jobs_uid_and_follows_its_watch() -> None:
+    store = OwnerStore()
+    view = store.view()
+    store.replace(
+        OwnerKind.JOB,
+        [meta_only("team", "train", "u1"), meta_only("team", "no-uid", None)],
+    )
+    assert (view.uid(JOB_KEY), len(store)) == ("u1", 1)
+
+    # the view a review took reads what the store holds when it is read
+    store.event(OwnerKind.JOB, "DELETED", meta_only("team", "train", "u1"))
+    assert view.uid(JOB_KEY) is None
+    store.event(OwnerKind.JOB, "ADDED", meta_only("team", "train", "u2"))
+    assert view.uid(JOB_KEY) == "u2"
+    # a late DELETED of the Job that had the name before takes nothing away
+    store.event(OwnerKind.JOB, "DELETED", meta_only("team", "train", "u1"))
+    assert view.uid(JOB_KEY) == "u2"
+    # a JobSet of the same name is another owner
+    assert view.uid(OwnerKey(OwnerKind.JOBSET, "team", "train")) is None
+    store.replace(OwnerKind.JOB, [])
+    assert view.uid(JOB_KEY) is None
+
+
+def test_a_policy_file_makes_its_jobs_and_jobsets_known_and_nothing_else() -> None:
+    store = OwnerStore()
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"namespace": "team", "name": "train", "uid": "u1"}}  # fmt: skip
+    jobset = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+              "metadata": {"namespace": "team", "name": "pre", "uid": "u2"}}  # fmt: skip
+    store.load([*OBJECTS, job, jobset])
+
+    view = store.view()
+    assert len(store) == 2
+    assert view.uid(JOB_KEY) == "u1"
+    assert view.uid(OwnerKey(OwnerKind.JOBSET, "team", "pre")) == "u2"
