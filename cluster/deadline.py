@@ -85,6 +85,11 @@ class Deadline:
         """Seconds until the client gives up (negative: it has)."""
         return self.at - now
 
+    def spare(self, now: float) -> float:
+        """Seconds an answer may still wait before it is too late to start (the time
+        left less the margin; not positive: none)."""
+        return self.at - self.margin - now
+
     def too_late(self, now: float) -> bool:
         """Whether an answer started now would reach the client after it gave up."""
         return self.at - now < self.margin

@@ -268,6 +268,12 @@ class ConnectionGuard:
             status=504, body=status_body(504, "Timeout", message), content_type=JSON
         )
 
+    def spare(self, request: web.Request) -> float | None:
+        """Seconds the handler may still wait on something (an API call) and answer on
+        time: the deadline less the margin, from now; ``None``: no deadline."""
+        deadline = request.get(DEADLINE)
+        return None if deadline is None else deadline.spare(self.clock.monotonic())
+
     def count(self, reason: str) -> None:
         self._shed[reason].inc()
 

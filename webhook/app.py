@@ -7,7 +7,10 @@ read the environment (``__main__`` does) or hold module-level state.
 Each review's deadline is the ``?timeout=`` kube-apiserver sends (``cluster.guard`` stamps
 it from the review's first byte): one that is already too late, before or after its body
 is read, is answered 504 at once instead of being decided. That is an error, never an
-``allowed`` answer: kube-apiserver applies the webhook's ``failurePolicy``.
+``allowed`` answer: kube-apiserver applies the webhook's ``failurePolicy``. The one GET
+of an owner the watch has not seen waits only for what the review has left
+(``ConnectionGuard.spare``), so it never makes the answer late: when it cannot finish
+in that time, or there is none, the object is judged as its own.
 """
 
 from __future__ import annotations
@@ -92,8 +95,9 @@ def mutate_handler(  # noqa: PLR0917 - what the handler binds once, each by its 
         start = clock.monotonic()
         outcome = review(body, store.current(), config, owners.view())
         if outcome.unconfirmed is not None:
-            # the object names a controller the watch cache lacks: ask the API once
-            view = await owners.confirm(outcome.unconfirmed)
+            # the object names a controller the watch cache lacks: ask the API once, in
+            # the time the review has left
+            view = await owners.confirm(outcome.unconfirmed, within_s=guard.spare(request))
             if view is not None:
                 outcome = review(body, store.current(), config, view)
         metrics.observe(outcome, clock.monotonic() - start)

@@ -85,6 +85,7 @@ def test_a_deadline_is_too_late_once_less_than_its_margin_is_left() -> None:
     assert deadline.at == 105.0
     assert not deadline.too_late(104.0)
     assert deadline.left(104.0) == 1.0
+    assert deadline.spare(104.0) == 0.75, "what a lookup may still wait"
     assert deadline.too_late(104.8)
     assert deadline.too_late(106.0)
     assert deadline.left(106.0) < 0
@@ -102,4 +103,6 @@ def test_too_late_is_less_than_the_margin_left(
     deadline = Deadline.after(arrived, timeout, margin)
     now = arrived + after
     assert deadline.too_late(now) == (deadline.left(now) < margin)
+    # what a handler may still wait on (an API call): what is left less the margin
+    assert math.isclose(deadline.spare(now), deadline.left(now) - margin, abs_tol=1e-6)
     assert math.isclose(deadline.left(now), arrived + timeout - now, abs_tol=1e-6)
