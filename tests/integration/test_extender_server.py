@@ -751,6 +751,31 @@ async def test_a_stale_cache_is_not_ready_and_is_neither_filtered_nor_bound_from
     assert api.objects(PODS_PATH)["team-nlp/train-0"]["spec"]["nodeName"] == "gpu-a"
 
 
+@pytest.mark.parametrize("verb", ["filter", "bind"])
+async def test_a_verb_too_late_is_answered_504_before_a_stale_cache_refuses_it(
+    api: FakeApiServer, tmp_path: Path, verb: str
+) -> None:
+    """kube-scheduler has given up on a request past its httpTimeout: it gets the 504 of
+    a shed request whatever the cache, and only one still on time hears that the cache
+    is stale."""
+    api.put(NODES_PATH, node_json("gpu-a"))
+    pod = api.put(PODS_PATH, pod_json("train-0", gpus=2))
+    body = bind_args(pod, "gpu-a") if verb == "bind" else filter_args(pod, ["gpu-a"])
+    clock = ManualClock(NOW)
+    async with api_extender(api, tmp_path, max_cache_age_s=QUIET_LIMIT_S, clock=clock) as ext:
+        clock.advance(QUIET_LIMIT_S + 1)
+        late = await send_slowly(ext, f"/{verb}", body, lambda: clock.advance(5.0))
+        on_time = await ext.post(f"/{verb}", body)
+        text = await ext.metrics()
+    assert late[0] == 504
+    assert late[1]["reason"] == "Timeout"
+    assert on_time[0] == 200
+    assert "stale" in on_time[1]["Error"]
+    assert f'tessera_extender_decisions_total{{result="shed",verb="{verb}"}} 1.0' in text
+    assert f'tessera_extender_decisions_total{{result="stale",verb="{verb}"}} 1.0' in text
+    assert api.requests_of("post") == [], "nothing was bound"
+
+
 async def test_without_a_cache_age_limit_an_old_cache_is_served(
     api: FakeApiServer, tmp_path: Path
 ) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cluster import jsonio, serving
+from cluster import jsonio, labels, serving
 from cluster.clock import ManualClock
 from cluster.tls import CertReloader, client_context
 from loadtest.pinned import free_port
@@ -201,6 +201,9 @@ async def test_not_ready_until_the_policy_is_synced(material: Material) -> None:
 async def test_metrics_count_reviews_by_decision_on_their_own_port_only(server: Server) -> None:
     await server.post(jsonio.dumps(captured_job_review()))
     await server.post(b"garbage")
+    made_up = captured_job_review()
+    made_up["request"]["object"]["metadata"]["labels"][labels.QUEUE_NAME] = "q" * 300
+    await server.post(jsonio.dumps(made_up))
     # whoever reaches the Service must not read the queues and namespaces they count
     assert (await server.get("/metrics"))[0] == 404
     text = await server.metrics()
@@ -209,6 +212,9 @@ async def test_metrics_count_reviews_by_decision_on_their_own_port_only(server: 
         'reason="admitted"} 1.0' in text
     )
     assert 'decision="malformed"' in text
+    # what a user writes is never a label: a queue that does not exist is "unknown"
+    assert 'queue="unknown"' in text
+    assert "qqq" not in text
     assert "tessera_webhook_review_seconds_bucket" in text
     assert "tessera_webhook_policy_age_seconds" in text
 
