@@ -41,6 +41,7 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin nonroot
 USER 65532:65532
-EXPOSE 8443 8888
+# serving ports (webhook, extender), then their metrics listeners as the manifests set them
+EXPOSE 8443 8888 8080 8889
 ENTRYPOINT ["python", "-m"]
 CMD ["webhook", "--help"]

@@ -1,10 +1,25 @@
-"""What both servers do around their own routes: the probes, the metrics page, serving
-until SIGTERM, and the process's exit code.
+"""What both servers do around their own routes: the probes, the metrics page on a port
+of its own, the connection guard, serving until SIGTERM and draining, and the process's
+exit code.
 
 Layer: I/O (sockets, signals, stderr for the one-line start-up failure). Must not decide
 anything, read the environment or hold state between calls: each server's
-``create_app`` and ``__main__`` hand in what differs (readiness, exposition, listen
-address, TLS, the errors that mean "cannot start").
+``create_app`` and ``__main__`` hand in what differs (readiness, exposition, guard,
+listen addresses, TLS, the errors that mean "cannot start").
+
+``/metrics`` is never on the serving port. Its names and labels (queues, namespaces,
+GPU products, how busy the server is) are for the operator's Prometheus, and the
+serving port is open to whoever reaches the Service (the webhook's) or the pod. It is
+served in plain HTTP on ``metrics_host:metrics_port`` (0: not at all), as kube-proxy
+does and kubebuilder's managers do: loopback by default, the pod's address when the
+manifests open it to a scrape. The probes stay on the serving port, where the kubelet
+looks.
+
+Serving goes through ``running``: aiohttp's runner, with the listening socket made here
+so that each connection goes through the app's ``cluster.guard.ConnectionGuard``. On
+SIGTERM the listener closes (no new connection), idle connections are closed, the
+requests under way have ``shutdown_grace_s`` to finish (then they are cancelled), and
+the process exits.
 """
 
 from __future__ import annotations
@@ -13,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import sys
 from bisect import bisect_left
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
@@ -27,11 +43,16 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from cluster import heap, logs
+from cluster.clock import Clock, SystemClock
+from cluster.guard import ConnectionGuard, TimeoutOf
+from cluster.serving_settings import Limits, ServingSettings
 from cluster.tls import CertReloader
 
 log = logging.getLogger(__name__)
 
 NOT_READY = 503
+CANCEL_WAIT_S = 0.5
+"""After the grace: how long a cancelled handler has to end."""
 
 
 @contextlib.asynccontextmanager
@@ -119,6 +140,28 @@ class MetricChildren:
         return child
 
 
+GUARD = web.AppKey("guard", ConnectionGuard)
+"""The app's connection guard (``guard_app``); ``running`` wraps its connections."""
+EXPOSITION: web.AppKey[Callable[[], bytes]] = web.AppKey("exposition")
+"""The app's Prometheus text, for the metrics listener."""
+
+
+def guard_app(
+    app: web.Application,
+    *,
+    limits: Limits,
+    clock: Clock,
+    timeout_of: TimeoutOf,
+    registry: CollectorRegistry,
+    prefix: str,
+) -> ConnectionGuard:
+    """Give ``app`` its connection guard (counted in ``registry`` under ``prefix``)."""
+    guard = ConnectionGuard(limits, clock, timeout_of, registry=registry, prefix=prefix)
+    app[GUARD] = guard
+    app.middlewares.append(guard.middleware)
+    return guard
+
+
 def add_probes(
     app: web.Application,
     *,
@@ -126,9 +169,9 @@ def add_probes(
     not_ready: str | Callable[[], str],
     exposition: Callable[[], bytes],
 ) -> None:
-    """``GET /healthz`` (the process answers), ``/readyz`` (503 with ``not_ready``, or
-    what ``not_ready()`` says at that moment, until ``ready()``) and ``/metrics``
-    (Prometheus text from ``exposition()``)."""
+    """``GET /healthz`` (the process answers) and ``/readyz`` (503 with ``not_ready``, or
+    what ``not_ready()`` says at that moment, until ``ready()``); ``exposition`` is kept
+    for the metrics listener."""
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -139,12 +182,85 @@ def add_probes(
         reason = not_ready if isinstance(not_ready, str) else not_ready()
         return web.Response(status=NOT_READY, text=reason)
 
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app[EXPOSITION] = exposition
+
+
+def metrics_app(exposition: Callable[[], bytes], clock: Clock) -> web.Application:
+    """``GET /metrics`` alone (Prometheus text from ``exposition()``), guarded too."""
+
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app[GUARD] = ConnectionGuard(Limits(max_in_flight=8), clock, lambda request: None)
+    app.middlewares.append(app[GUARD].middleware)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def listening(
+    runner: web.BaseRunner,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    guard: ConnectionGuard | None,
+) -> AsyncIterator[int]:
+    """A listening socket for ``runner``'s server, each connection through ``guard``;
+    the port it got (``port`` 0: any free one). Closing it stops new connections only:
+    the runner's cleanup ends the open ones."""
+    server = runner.server
+    if server is None:
+        raise RuntimeError("the runner is not set up")
+    factory: Callable[[], asyncio.BaseProtocol] = server
+    handshake = None
+    if guard is not None:
+        factory = guard.protocol_factory(server)
+        handshake = guard.limits.header_timeout_s if ssl_context is not None else None
+    listener = await asyncio.get_running_loop().create_server(
+        factory, host, port, ssl=ssl_context, ssl_handshake_timeout=handshake
+    )
+    try:
+        yield listener.sockets[0].getsockname()[1]
+    finally:
+        listener.close()
+
+
+@contextlib.asynccontextmanager
+async def running(
+    app: web.Application,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None = None,
+    *,
+    shutdown_grace_s: float = 10.0,
+) -> AsyncIterator[int]:
+    """``app`` served on ``host:port`` (guarded when it has a ``GUARD``) for the block;
+    the port. At the end: no new connections, idle ones closed, the requests under way
+    given ``shutdown_grace_s`` to finish (``ConnectionGuard.drain``), those still under
+    way then cancelled, and the app's cleanup."""
+    guard = app.get(GUARD)
+    # aiohttp's own wait is for an unguarded app; a guarded one has drained by then
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        shutdown_timeout=shutdown_grace_s if guard is None else CANCEL_WAIT_S,
+    )
+    await runner.setup()
+    try:
+        async with listening(runner, host, port, ssl_context, guard) as bound:
+            yield bound
+    finally:
+        if guard is not None:
+            left = await guard.drain(shutdown_grace_s)
+            if left:
+                log.warning(
+                    "requests still under way after the shutdown grace: cancelled",
+                    extra=logs.fields(requests=left, grace_s=shutdown_grace_s),
+                )
+        await runner.cleanup()
 
 
 async def serve(
@@ -153,34 +269,47 @@ async def serve(
     port: int,
     reloader: CertReloader | None,
     describe: Mapping[str, object],
+    *,
+    settings: ServingSettings,
 ) -> None:
     """Serve ``app`` (over TLS when ``reloader`` is given, its certificates reloaded as
-    they change) until SIGTERM, then finish the requests under way and return."""
+    they change) and its metrics (when ``settings.metrics_port`` is set) until SIGTERM,
+    then drain (``running``) and return."""
     # What is loaded by now (a cluster file, imported modules) lives as long as the
     # process, and the caches' objects survive many collections: see cluster.heap.
     with heap.short_pauses(record=app.get(GC_PAUSES)):
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        try:
-            await _serve_until_stopped(runner, host, port, reloader, describe)
-        finally:
-            await runner.cleanup()
+        context = reloader.context if reloader is not None else None
+        guard = app.get(GUARD)
+        clock = guard.clock if guard is not None else SystemClock()
+        async with contextlib.AsyncExitStack() as stack:
+            bound = await stack.enter_async_context(
+                running(app, host, port, context, shutdown_grace_s=settings.shutdown_grace_s)
+            )
+            fields: dict[str, object] = {"host": host, "port": bound, "tls": context is not None}
+            if settings.metrics_port:
+                exposition = app[EXPOSITION]
+                metrics_port = await stack.enter_async_context(
+                    running(
+                        metrics_app(exposition, clock),
+                        settings.metrics_host,
+                        settings.metrics_port,
+                        shutdown_grace_s=0,
+                    )
+                )
+                fields["metrics"] = f"{settings.metrics_host}:{metrics_port}"
+            log.info("serving", extra=logs.fields(**fields, **describe))
+            await _until_sigterm(reloader)
+            log.info(
+                "stopping",
+                extra=logs.fields(
+                    in_flight=guard.in_flight if guard is not None else 0,
+                    grace_s=settings.shutdown_grace_s,
+                ),
+            )
+        log.info("stopped")
 
 
-async def _serve_until_stopped(
-    runner: web.AppRunner,
-    host: str,
-    port: int,
-    reloader: CertReloader | None,
-    describe: Mapping[str, object],
-) -> None:
-    context = reloader.context if reloader is not None else None
-    site = web.TCPSite(runner, host, port, ssl_context=context)
-    await site.start()
-    bound = runner.addresses[0][1] if runner.addresses else port
-    log.info(
-        "serving", extra=logs.fields(host=host, port=bound, tls=context is not None, **describe)
-    )
+async def _until_sigterm(reloader: CertReloader | None) -> None:
     stop = asyncio.Event()
     # Kubernetes stops a pod with SIGTERM: answer what is under way, then exit.
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -188,7 +317,6 @@ async def _serve_until_stopped(
         if reloader is not None:
             await stack.enter_async_context(background(reloader.run(), "reload certificates"))
         await stop.wait()
-        log.info("stopping")
 
 
 def run(

@@ -23,6 +23,7 @@ from cluster import logs, serving
 from cluster.cli import env_bool, env_value, one_line
 from cluster.files import ObjectFileError
 from cluster.kube import KubeError
+from cluster.serving_settings import add_serving_flags
 from cluster.tls import CertReloader, TLSConfigError
 from extender.app import create_app
 from extender.settings import DEFAULT_LEVELS, ExtenderSettings
@@ -93,6 +94,13 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
     )
     flag("assume-ttl", dest="assume_ttl_s", type=float, help="seconds a bind stays assumed")
     flag("bind-timeout", dest="bind_timeout_s", type=float, help="API budget of one bind (s)")
+    add_serving_flags(flag)
+    flag(
+        "request-timeout",
+        dest="request_timeout_s",
+        type=float,
+        help="seconds kube-scheduler waits for an answer: the extender's httpTimeout (default 5)",
+    )
     flag(
         "max-cache-age",
         dest="max_cache_age_s",
@@ -140,7 +148,9 @@ async def _serve(
         "mutual_tls": settings.client_ca is not None,
         "source": str(settings.cluster_file or settings.kubeconfig or "in-cluster"),
     }
-    await serving.serve(app, settings.listen_host, settings.port, reloader, describe)
+    await serving.serve(
+        app, settings.listen_host, settings.port, reloader, describe, settings=settings
+    )
 
 
 if __name__ == "__main__":

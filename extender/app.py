@@ -14,11 +14,20 @@ fails the assumption is forgotten and kube-scheduler gets ``Error``. The one exc
 a bind that may have landed (the connection broke and the pod could not be read back):
 its GPUs stay assumed until the watch shows the truth or the assumption expires.
 
+Every verb's deadline is kube-scheduler's ``httpTimeout`` (``request_timeout_s``) from
+its request's first byte (``cluster.guard``): a request that is already too late once
+its body is read is answered 504 without a decision, since kube-scheduler has given up
+on it. For ``/bind`` that check comes before anything is planned or assumed, so a bind
+is refused whole or carried out whole, never dropped half done; kube-scheduler retries
+a refused one.
+
 A cache is only as good as its watches. ``Source`` knows how long ago kube-apiserver
 was last heard on each (``Informer.age_s``); past ``--max-cache-age`` the cache is stale:
 ``/readyz`` answers 503 naming the watch, and no verb decides from it (``verbs.stale_reply``:
 filter and bind answer ``Error``, which kube-scheduler retries; prioritize and preempt 503).
-The ages are on ``/metrics`` as ``tessera_extender_cache_age_seconds``.
+The ages are on the metrics listener as ``tessera_extender_cache_age_seconds``. A request
+already too late is shed before the cache is looked at: nobody reads its answer, stale
+or not.
 
 Packing judges a node by the pods the cluster runs (``ExtenderConfig.pod_mix``). With
 ``pod_mix=learned`` a background task counts the cache's pods into that mix: before the
@@ -199,9 +208,12 @@ def _early(
     request: web.Request, verb: str, body: bytes | web.Response
 ) -> tuple[web.Response, str] | None:
     """The answer and its metrics result when there is nothing to decide: unreadable
-    body, cache not synced, cache stale."""
+    body, too late, cache not synced, cache stale."""
     if isinstance(body, web.Response):
         return body, "bad_request"
+    late = request.app[serving.GUARD].answer_if_late(request)
+    if late is not None:
+        return late, "shed"
     source = request.app[SOURCE]
     if not source.synced:
         return _not_ready(), "not_ready"
@@ -565,6 +577,15 @@ def create_app(
     app[METRICS] = ExtenderMetrics(cache.counters, source.ages)
     app[METRICS].pod_mix(len(config.pod_mix), 0, changed=False)
     app[serving.GC_PAUSES] = app[METRICS].gc_pauses
+    timeout = settings.request_timeout_s
+    serving.guard_app(
+        app,
+        limits=settings.limits(),
+        clock=clock,
+        timeout_of=lambda request: timeout if request.method == "POST" else None,
+        registry=app[METRICS].registry,
+        prefix="tessera_extender",
+    )
     if settings.cluster_file is not None:
         CacheFeed(cache, levels=config.level_labels).load_file(settings.cluster_file)
         source.loaded = True

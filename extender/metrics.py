@@ -175,7 +175,8 @@ class ExtenderMetrics:
             "tessera_extender_decisions",
             "Requests answered, by verb and result (ok, error: HTTP 200 with Error, "
             "refused: bind said no before any API call, bad_request, not_ready, "
-            "stale: the cache is older than --max-cache-age).",
+            "stale: the cache is older than --max-cache-age, shed: too late for "
+            "kube-scheduler's httpTimeout, answered 504 undecided).",
             ("verb", "result"),
             registry=self.registry,
         )

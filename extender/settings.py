@@ -6,7 +6,8 @@ variables; ``create_app`` takes it as a value and turns the decision-related par
 
 ``/bind`` writes to the cluster, so only kube-scheduler may call it: plain HTTP is only
 served on a loopback address (a kube-scheduler sidecar) unless ``insecure_bind_any`` says
-otherwise; anywhere else needs TLS, and ``client_ca`` makes it mutual TLS.
+otherwise; anywhere else needs TLS, and ``client_ca`` makes it mutual TLS. (The metrics
+listener of ``ServingSettings`` serves ``/metrics`` alone, so it may listen anywhere.)
 
 ``max_cache_age_s`` bounds how long ago kube-apiserver may last have been heard on the
 node and pod watches before the cache counts as stale (not ready, no filter, no bind).
@@ -20,9 +21,10 @@ import ipaddress
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from cluster import labels
+from cluster.serving_settings import MIB, ServingSettings
 from extender.config import ExtenderConfig, ScoringWeights, TopologyLevel
 
 _WEIGHTS = ScoringWeights()
@@ -61,7 +63,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class ExtenderSettings(BaseModel):
+class ExtenderSettings(ServingSettings):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     host: str | None = None
@@ -107,8 +109,14 @@ class ExtenderSettings(BaseModel):
     """Pods kept from the last requests (``wire.RecentPods``): /prioritize reads the pod
     /filter decoded, and a /bind that comes before the watch shows its pod finds it."""
 
-    max_body_bytes: int = Field(64 * 1024 * 1024, ge=64 * 1024)
+    max_body_bytes: int = Field(64 * MIB, ge=64 * 1024)
     """5,000 full Node objects (``nodeCacheCapable: false``) are ~25 MB."""
+    max_buffered_body_bytes: int = Field(128 * MIB, ge=64 * 1024)
+    """Two bodies of the largest size at once (with ``nodeCacheCapable: true`` a body
+    names the nodes: a few hundred kilobytes)."""
+    request_timeout_s: float = Field(5.0, gt=0)
+    """How long kube-scheduler waits for an answer: the extender's ``httpTimeout`` in
+    its KubeSchedulerConfiguration (5 s in manifests/scheduler-config.yaml)."""
     log_json: bool = False
     log_level: str = "INFO"
 

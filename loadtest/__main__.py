@@ -5,8 +5,9 @@ Layer: ROOT. The only place in the load test that reads the environment
 in its short form, so that CI can run ``make demo`` quickly). Subcommands: ``demo`` (``make
 demo``), ``latency``, ``soak``, ``placement`` (the FGD method, ``loadtest.placement``)
 ``selfcheck`` (the cluster-model check without servers), and ``bench-webhook`` /
-``bench-extender``, which hand their arguments to ``loadtest.bench_webhook.main`` /
-``loadtest.bench_extender.main`` unchanged.
+``bench-extender`` / ``overload``, which hand their arguments to
+``loadtest.bench_webhook.main`` / ``loadtest.bench_extender.main`` /
+``loadtest.overload.main`` unchanged.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ examples:
   python -m loadtest selfcheck                  # the cluster model alone, no servers
   python -m loadtest bench-webhook --help       # the webhook benchmark (loadtest.bench_webhook)
   python -m loadtest bench-extender --help      # the extender benchmark (loadtest.bench_extender)
+  python -m loadtest overload --server webhook  # 1x, 2x, 3x the sustained rate (loadtest.overload)
 
 Reports go to reports/<mode>.json and reports/<mode>.html (--out to change).
 """
@@ -287,6 +289,12 @@ def main(argv: list[str] | None = None) -> int:
             help=f"the {what} benchmark (python -m loadtest {name} --help)",
             add_help=False,
         )
+    commands.add_parser(
+        "overload",
+        help="a server at 1x, 2x, 3x the rate it sustains: in time, failed fast, late, "
+        "memory (python -m loadtest overload --help)",
+        add_help=False,
+    )
     p = commands.add_parser("selfcheck", help="the cluster-model self-check, no servers")
     p.add_argument("--max-pods", type=int, default=None)
 
@@ -304,12 +312,14 @@ def main(argv: list[str] | None = None) -> int:
         if code == 0 and "--json" in rest:
             _placement_html(Path(rest[rest.index("--json") + 1]))
         return code
-    if argv[:1] in (["bench-webhook"], ["bench-extender"]):
+    if argv[:1] in (["bench-webhook"], ["bench-extender"], ["overload"]):
         # The benchmarks keep their own flags; this is only a way in.
         if argv[0] == "bench-webhook":
             from loadtest.bench_webhook import main as bench  # noqa: PLC0415 - heavy
-        else:
+        elif argv[0] == "bench-extender":
             from loadtest.bench_extender import main as bench  # noqa: PLC0415 - heavy
+        else:
+            from loadtest.overload import main as bench  # noqa: PLC0415 - heavy
         return bench(argv[1:])
     args = parser.parse_args(argv)
     clock = SystemClock()

@@ -263,23 +263,38 @@ def sweep(
 
 
 def pinned_server(
-    name: str, module: str, extra: list[str], args: argparse.Namespace, folder: Path
+    name: str,
+    module: str,
+    extra: list[str],
+    args: argparse.Namespace,
+    folder: Path,
+    *,
+    metrics: bool = False,
 ) -> Server:
+    """``metrics``: the server has a metrics listener (the extender), given a port."""
     port = free_port()
+    metrics_port = free_port() if metrics else 0
+    listen = ["--port", str(port)]
+    if metrics:
+        listen += ["--metrics-port", str(metrics_port)]
     return Server(
         name,
         module,
-        [*extra, "--port", str(port)],
+        [*extra, *listen],
         args.server_core,
         folder / f"{name}.log",
         args.nice,
         port,
+        metrics_port=metrics_port,
     )
 
 
 @dataclass(slots=True)
 class Server(Pinned):
     """The extender or the naive baseline, file-fed, on the server core."""
+
+    metrics_port: int = 0
+    """Where its ``/metrics`` are (0: it has none, the baselines)."""
 
     async def ready(self, clock: Clock, deadline_s: float) -> float:
         start = clock.monotonic()
@@ -324,8 +339,10 @@ GC_PAUSES: Final = "tessera_extender_gc_pause_seconds"
 
 
 async def gc_pauses(port: int) -> dict[str, Scraped]:
-    """The server's garbage collection pauses so far, by generation (none for a server
-    that does not report them: the baseline)."""
+    """The server's garbage collection pauses so far, by generation, from its metrics
+    listener on ``port`` (none for a server that has none: the baselines, port 0)."""
+    if not port:
+        return {}
     conn = Http1Connection("127.0.0.1", port)
     try:
         answer = await conn.request("GET", "/metrics")
@@ -547,7 +564,7 @@ async def serve_and_drive(
             f"{fmt(warm.result.latency.summary())}"
         )
         offset += int(100 * args.warm_cycle)
-    gc_before = await gc_pauses(server.port)
+    gc_before = await gc_pauses(server.metrics_port)
     cpu_before = proc_cpu_s(server.pid)
     client_before = proc_cpu_s(os.getpid())
     cycle = await cycle_run(
@@ -577,7 +594,7 @@ async def serve_and_drive(
     for verb, hist in cycle.per_verb.items():
         out[f"cycle {verb}"] = hist.summary()
         say(f"[{name}]   {verb:<10} (service)      {fmt(out[f'cycle {verb}'])}")
-    collected = gc_line(gc_before, await gc_pauses(server.port))
+    collected = gc_line(gc_before, await gc_pauses(server.metrics_port))
     if collected is not None:
         say(f"[{name}]   garbage collection in the cycle: {collected}")
     say(f"[{name}] RSS at end {server.rss_mib():.0f} MB")
@@ -664,6 +681,7 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> N
                         ],
                         args,
                         folder,
+                        metrics=True,
                     ),
                 )
             )

@@ -124,6 +124,9 @@ class RunResult:
     """Why the run stopped before its schedule ended; empty when it ran to the end."""
     per_second: tuple[int, ...] = field(default=())
     """Successful answers in each second after the start."""
+    failed: Histogram = field(default_factory=Histogram)
+    """Intended send time → failure (an answer not accepted, a broken connection, or
+    the request timeout), failed requests only: a fast failure is a short one."""
 
     @property
     def error_count(self) -> int:
@@ -152,6 +155,7 @@ async def run_open_loop(
     if not senders:
         raise ValueError("an open-loop run needs at least one connection")
     latency, service, lag, late = Histogram(), Histogram(), Histogram(), Histogram()
+    failed = Histogram()
     errors: Counter[str] = Counter()
     per_second: list[int] = []
     state = {"next": 0, "sent": 0, "ok": 0}
@@ -185,12 +189,15 @@ async def run_open_loop(
                     await send(index)
             except RequestFailed as exc:
                 errors[exc.kind] += 1
+                failed.record(latency_from_intended(due, clock.monotonic()))
                 continue
             except TimeoutError:
                 errors["timeout"] += 1
+                failed.record(latency_from_intended(due, clock.monotonic()))
                 continue
             except Exception as exc:  # anything else a client can meet is a failed request
                 errors[type(exc).__name__] += 1
+                failed.record(latency_from_intended(due, clock.monotonic()))
                 continue
             done = clock.monotonic()
             last_done = max(last_done, done)
@@ -218,6 +225,7 @@ async def run_open_loop(
         elapsed_s=elapsed,
         stopped=stopped[0] if stopped else "",
         per_second=tuple(per_second),
+        failed=failed,
     )
 
 

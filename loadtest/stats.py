@@ -171,6 +171,23 @@ class Histogram:
         above = sum(n for i, n in self._counts.items() if self.bucket_bounds(i)[0] > limit)
         return above / self.count
 
+    def count_within(self, seconds: float) -> int:
+        """Samples in buckets not wholly above ``seconds`` (the complement of
+        ``fraction_above``): within a deadline, to the histogram's precision."""
+        limit = to_micros(seconds)
+        return sum(n for i, n in self._counts.items() if self.bucket_bounds(i)[0] <= limit)
+
+    def percentile_within(self, q: float, seconds: float) -> float:
+        """The ``q``-th percentile of the samples ``count_within(seconds)`` counts: the
+        tail of the answers that came in time, late ones left out."""
+        rank = nearest_rank(q, self.count_within(seconds))
+        seen = 0
+        for index in sorted(self._counts):
+            seen += self._counts[index]
+            if seen >= rank:
+                return min(self.bucket_bounds(index)[1], self._max_us) / _US
+        raise AssertionError("bucket counts add up to less than count")  # pragma: no cover
+
     @property
     def minimum(self) -> float:
         return self._min_us / _US

@@ -217,6 +217,8 @@ class FakeApiServer:
         self.faults: deque[Fault] = deque()
         self.before_list: Callable[[Recorded], Awaitable[None]] | None = None
         """Awaited before each LIST page is served: hold a list, or change things mid-list."""
+        self.before_get: Callable[[Recorded], Awaitable[None]] | None = None
+        """Awaited before each GET of one object is served: hold a lookup."""
         self.store: dict[str, dict[str, Obj]] = {}
         self._ssl = ssl_context
         self._rv = 100
@@ -504,6 +506,8 @@ class FakeApiServer:
         return response
 
     async def _get(self, request: web.Request) -> web.StreamResponse:
+        if self.before_get is not None:
+            await self.before_get(self.requests[-1])
         key = _key(request)
         obj = self.store.get(self._collection_of(request), {}).get(key)
         if obj is None:

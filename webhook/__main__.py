@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from cluster import logs, serving
 from cluster.cli import env_bool, env_value, one_line
 from cluster.files import ObjectFileError
+from cluster.serving_settings import add_serving_flags
 from cluster.tls import CertReloader, TLSConfigError
 from webhook.app import create_app
 from webhook.settings import WebhookSettings
@@ -67,6 +68,14 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> WebhookSe
     flag(
         "managed-namespaces",
         help="comma-separated namespaces where GPU work without a queue is denied (* = all)",
+    )
+    add_serving_flags(flag)
+    flag(
+        "request-timeout",
+        dest="request_timeout_s",
+        type=float,
+        help="deadline in seconds of a review without ?timeout= (kube-apiserver sends one; "
+        "default 10)",
     )
     flag(
         "job-controller-usernames",
@@ -129,7 +138,7 @@ async def _serve(
 ) -> None:
     # built inside the loop: a policy file is read here, Kueue watches start with the app
     app = create_app(settings, environ=environ)
-    await serving.serve(app, settings.host, settings.port, reloader, {})
+    await serving.serve(app, settings.host, settings.port, reloader, {}, settings=settings)
 
 
 if __name__ == "__main__":

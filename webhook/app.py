@@ -3,6 +3,14 @@
 Layer: ROOT. ``create_app(settings, ...)`` builds everything into typed app keys; the
 handlers only read the body, call the pure ``review_flow`` and write its answer. Must not
 read the environment (``__main__`` does) or hold module-level state.
+
+Each review's deadline is the ``?timeout=`` kube-apiserver sends (``cluster.guard`` stamps
+it from the review's first byte): one that is already too late, before or after its body
+is read, is answered 504 at once instead of being decided. That is an error, never an
+``allowed`` answer: kube-apiserver applies the webhook's ``failurePolicy``. The one GET
+of an owner the watch has not seen waits only for what the review has left
+(``ConnectionGuard.spare``), so it never makes the answer late: when it cannot finish
+in that time, or there is none, the object is judged as its own.
 """
 
 from __future__ import annotations
@@ -13,13 +21,15 @@ from aiohttp import web
 
 from cluster import jsonio, serving
 from cluster.clock import Clock, SystemClock
+from cluster.deadline import asked_timeout
 from cluster.files import load_objects
+from cluster.guard import ConnectionGuard, TimeoutOf
 from cluster.kube import KubeClient, KubeConfig
 from webhook.metrics import WebhookMetrics
 from webhook.owners import ControllerUsers
 from webhook.policy import AdmitConfig
 from webhook.review_flow import review
-from webhook.settings import WebhookSettings
+from webhook.settings import MAX_TIMEOUT_S, WebhookSettings
 from webhook.source import OwnerSource, PolicyStore, watch_owners, watch_policy
 
 SETTINGS = web.AppKey("settings", WebhookSettings)
@@ -45,6 +55,19 @@ def _bad_request(reason: str) -> web.Response:
     return web.Response(status=400, body=jsonio.dumps(body), content_type=JSON)
 
 
+def review_timeout(settings: WebhookSettings) -> TimeoutOf:
+    """How long kube-apiserver waits for a review: its ``?timeout=`` (a Go duration,
+    at most ``MAX_TIMEOUT_S``), else ``request_timeout_s``; nothing else has a deadline."""
+    default = settings.request_timeout_s
+
+    def timeout_of(request: web.Request) -> float | None:
+        if request.path != "/mutate":
+            return None
+        return asked_timeout(request.query.get("timeout"), default_s=default, max_s=MAX_TIMEOUT_S)
+
+    return timeout_of
+
+
 def mutate_handler(  # noqa: PLR0917 - what the handler binds once, each by its type
     settings: WebhookSettings,
     store: PolicyStore,
@@ -52,6 +75,8 @@ def mutate_handler(  # noqa: PLR0917 - what the handler binds once, each by its 
     config: AdmitConfig,
     clock: Clock,
     metrics: WebhookMetrics,
+    *,
+    guard: ConnectionGuard,
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     """``POST /mutate``, with what it needs bound once rather than looked up per request."""
     limit = settings.max_body_bytes
@@ -64,11 +89,15 @@ def mutate_handler(  # noqa: PLR0917 - what the handler binds once, each by its 
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _bad_request(f"request body exceeds {limit} bytes")
+        late = guard.answer_if_late(request)
+        if late is not None:
+            return late
         start = clock.monotonic()
         outcome = review(body, store.current(), config, owners.view())
         if outcome.unconfirmed is not None:
-            # the object names a controller the watch cache lacks: ask the API once
-            view = await owners.confirm(outcome.unconfirmed)
+            # the object names a controller the watch cache lacks: ask the API once, in
+            # the time the review has left
+            view = await owners.confirm(outcome.unconfirmed, within_s=guard.spare(request))
             if view is not None:
                 outcome = review(body, store.current(), config, view)
         metrics.observe(outcome, clock.monotonic() - start)
@@ -135,9 +164,17 @@ def create_app(
     app[OWNERS] = owners or OwnerSource()
     app[METRICS] = WebhookMetrics(store.age_s)
     app[serving.GC_PAUSES] = app[METRICS].gc_pauses
+    guard = serving.guard_app(
+        app,
+        limits=settings.limits(),
+        clock=clock,
+        timeout_of=review_timeout(settings),
+        registry=app[METRICS].registry,
+        prefix="tessera_webhook",
+    )
     app.router.add_post(
         "/mutate",
-        mutate_handler(settings, store, app[OWNERS], app[CONFIG], clock, app[METRICS]),
+        mutate_handler(settings, store, app[OWNERS], app[CONFIG], clock, app[METRICS], guard=guard),
     )
     serving.add_probes(
         app,

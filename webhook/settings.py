@@ -2,19 +2,25 @@
 
 Layer: EDGE. A frozen pydantic model that ``__main__`` fills from flags and environment
 variables; ``create_app`` takes it as a value. Must not read the environment itself.
+How it serves (read deadlines, bounds, metrics listener, shutdown) is the servers'
+shared ``ServingSettings``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from cluster import labels
+from cluster.serving_settings import MIB, ServingSettings
 from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES
 
+MAX_TIMEOUT_S = 30.0
+"""The longest ``?timeout=`` honoured: a webhook's ``timeoutSeconds`` is at most 30."""
 
-class WebhookSettings(BaseModel):
+
+class WebhookSettings(ServingSettings):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     host: str = "0.0.0.0"  # noqa: S104 - a pod serves on all its interfaces
@@ -38,8 +44,13 @@ class WebhookSettings(BaseModel):
     jobset_controller_usernames: tuple[str, ...] = JOBSET_CONTROLLER_USERNAMES
     """Likewise for the Jobs a JobSet owns."""
 
-    max_body_bytes: int = Field(3 * 1024 * 1024, ge=64 * 1024)
+    max_body_bytes: int = Field(3 * MIB, ge=64 * 1024)
     """kube-apiserver caps objects at 1.5 MiB; a review carries object and oldObject."""
+    max_buffered_body_bytes: int = Field(32 * MIB, ge=64 * 1024)
+    """Ten reviews of the largest size at once, thousands of usual ones (~10 KB)."""
+    request_timeout_s: float = Field(10.0, gt=0)
+    """The deadline of a review that comes without ``?timeout=`` (kube-apiserver always
+    sends one; 10 s is a webhook's default ``timeoutSeconds``)."""
     log_json: bool = False
     log_level: str = "INFO"
 

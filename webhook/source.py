@@ -361,9 +361,12 @@ class OwnerSource:
     def view(self) -> OwnerView:
         return self.store.view()
 
-    async def confirm(self, key: OwnerKey) -> OwnerView | None:
+    async def confirm(self, key: OwnerKey, *, within_s: float | None = None) -> OwnerView | None:
         """The view, with ``key`` as the API has it now; ``None`` when there is no API to
         ask (a policy file) or it did not answer in time, and the review stands as it is.
+        ``within_s`` is what the review has left before its answer would be late: the GET
+        waits no longer, and with nothing left it is not made (kube-apiserver would have
+        given up on the answer it waits for).
 
         The watch cache misses an owner for a moment after it is created: the Job
         controller makes pods as soon as it sees a Job, and the webhook's watch may see
@@ -373,8 +376,15 @@ class OwnerSource:
         client = self.client
         if client is None:
             return None
+        timeout_s = self._timeout_s if within_s is None else min(self._timeout_s, within_s)
+        if timeout_s <= 0:
+            log.warning(
+                "no time left to look up the owner; the object is judged as a workload of its own",
+                extra=logs.fields(owner=str(key)),
+            )
+            return None
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(timeout_s):
                 uid = await fetch_owner_uid(client, key)
         except (KubeError, TimeoutError) as exc:
             log.warning(

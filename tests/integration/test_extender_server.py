@@ -38,7 +38,8 @@ from cluster.clock import ManualClock
 from cluster.convert import pod_from_json
 from cluster.feed import NODES_PATH, PODS_PATH
 from cluster.labels import GPU_INDICES
-from cluster.model import Allocation, PodKey
+from cluster.model import Allocation, NodeName, PodKey
+from cluster.serving import EXPOSITION, GUARD, metrics_app, running
 from cluster.tls import CertReloader, client_context
 from extender import wire
 from extender.app import CACHE, create_app
@@ -133,6 +134,7 @@ class Extender:
     url: str
     session: aiohttp.ClientSession
     app: web.Application
+    metrics_url: str = ""
 
     @property
     def cache(self) -> ClusterCache:
@@ -148,6 +150,12 @@ class Extender:
     async def get(self, path: str) -> tuple[int, str]:
         async with self.session.get(self.url + path) as response:
             return response.status, await response.text()
+
+    async def metrics(self) -> str:
+        """The metrics page, from the listener of its own (never the serving port)."""
+        async with self.session.get(self.metrics_url + "/metrics", ssl=False) as response:
+            assert response.status == 200
+            return await response.text()
 
     async def replay(self, capture: str) -> tuple[int, Any]:
         """A captured request as kube-scheduler sent it: path, body and its headers."""
@@ -173,19 +181,17 @@ async def serving(
     binder: Binder | None = None,
     clock: ManualClock | None = None,
 ) -> AsyncIterator[Extender]:
-    app = create_app(settings, cache=cache, binder=binder, clock=clock or ManualClock(NOW))
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls)
-        await site.start()
-        port = runner.addresses[0][1]
+    clock = clock or ManualClock(NOW)
+    app = create_app(settings, cache=cache, binder=binder, clock=clock)
+    metrics = metrics_app(app[EXPOSITION], clock)
+    async with (
+        running(app, "127.0.0.1", 0, server_tls, shutdown_grace_s=1.0) as port,
+        running(metrics, "127.0.0.1", 0) as metrics_port,
+    ):
         url = f"https://localhost:{port}" if server_tls else f"http://127.0.0.1:{port}"
         connector = aiohttp.TCPConnector(limit=20, ssl=client_tls or True)
         async with aiohttp.ClientSession(connector=connector) as session:
-            yield Extender(url, session, app)
-    finally:
-        await runner.cleanup()
+            yield Extender(url, session, app, f"http://127.0.0.1:{metrics_port}")
 
 
 @dataclass
@@ -406,6 +412,64 @@ async def test_a_bind_repeated_while_under_way_waits_for_the_first(
         gate.release.set()
         assert await first == await again == (200, {"Error": ""})
     assert len(gate.calls) == 1
+
+
+# ---------------------------------------------------------------- kube-scheduler's httpTimeout
+
+
+async def send_slowly(ext: Extender, path: str, body: bytes, meanwhile: Callable[[], None]) -> Any:
+    """POST ``body`` in two parts; ``meanwhile`` runs once the request is under way."""
+    port = int(ext.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    writer.write(head.encode() + body[:10])
+    await eventually(lambda: ext.app[GUARD].in_flight == 1, "the request is under way")
+    meanwhile()
+    writer.write(body[10:])
+    status_line = await reader.readline()
+    headers = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+    length = int(headers.split("content-length:")[1].split("\r\n")[0])
+    answer = jsonio.loads(await reader.readexactly(length))
+    writer.close()
+    return int(status_line.split()[1]), answer
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "bind"])
+async def test_a_verb_too_late_for_kube_scheduler_is_answered_504_undecided(
+    tmp_path: Path, verb: str
+) -> None:
+    pod = pod_json("train-0", gpus=8)
+    settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a"), pod])
+    gate = GatedBinder(MemoryBinder(cache))
+    body = bind_args(pod, "gpu-a") if verb == "bind" else filter_args(pod, ["gpu-a"])
+    async with serving(settings, cache=cache, binder=gate, clock=clock) as ext:
+        # kube-scheduler waits httpTimeout (5 s) from when it sent the request
+        status, answer = await send_slowly(ext, f"/{verb}", body, lambda: clock.advance(5.0))
+        text = await ext.metrics()
+    assert status == 504
+    assert answer["reason"] == "Timeout"
+    assert f'tessera_extender_decisions_total{{result="shed",verb="{verb}"}} 1.0' in text
+    assert 'tessera_extender_shed_requests_total{reason="deadline"} 1.0' in text
+    # a bind refused whole: nothing planned, assumed or posted
+    assert gate.calls == []
+    assert cache.counters().assumed == 0
+    assert cache.snapshot().nodes[NodeName("gpu-a")].whole_free == 8
+
+
+async def test_a_bind_under_way_when_its_deadline_passes_is_carried_out_whole(
+    tmp_path: Path,
+) -> None:
+    pod = pod_json("train-0", gpus=8)
+    settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a"), pod])
+    gate = GatedBinder(MemoryBinder(cache))
+    async with serving(settings, cache=cache, binder=gate, clock=clock) as ext:
+        binding = asyncio.create_task(ext.post("/bind", bind_args(pod, "gpu-a")))
+        async with asyncio.timeout(WAIT_S):
+            await gate.entered.wait()
+        clock.advance(60)  # long past kube-scheduler's patience: the bind is half done
+        gate.release.set()
+        assert await binding == (200, {"Error": ""})
+    assert [p.pod.key for p in gate.calls] == [key_of(pod)]
 
 
 # ---------------------------------------------------------------- racing binds
@@ -675,7 +739,7 @@ async def test_a_stale_cache_is_not_ready_and_is_neither_filtered_nor_bound_from
             status, answer = await ext.post(verb, filter_args(pod, ["gpu-a"]))
             assert status == 503
             assert "stale" in answer["Error"]
-        _, metrics = await ext.get("/metrics")
+        metrics = await ext.metrics()
         assert 'tessera_extender_cache_age_seconds{resource="nodes"} 301.0' in metrics
         assert 'tessera_extender_cache_age_seconds{resource="pods"} 301.0' in metrics
         assert 'tessera_extender_decisions_total{result="stale",verb="bind"} 1.0' in metrics
@@ -685,6 +749,31 @@ async def test_a_stale_cache_is_not_ready_and_is_neither_filtered_nor_bound_from
         await ext.ready()
         assert await ext.post("/bind", bind_args(pod, "gpu-a")) == (200, {"Error": ""})
     assert api.objects(PODS_PATH)["team-nlp/train-0"]["spec"]["nodeName"] == "gpu-a"
+
+
+@pytest.mark.parametrize("verb", ["filter", "bind"])
+async def test_a_verb_too_late_is_answered_504_before_a_stale_cache_refuses_it(
+    api: FakeApiServer, tmp_path: Path, verb: str
+) -> None:
+    """kube-scheduler has given up on a request past its httpTimeout: it gets the 504 of
+    a shed request whatever the cache, and only one still on time hears that the cache
+    is stale."""
+    api.put(NODES_PATH, node_json("gpu-a"))
+    pod = api.put(PODS_PATH, pod_json("train-0", gpus=2))
+    body = bind_args(pod, "gpu-a") if verb == "bind" else filter_args(pod, ["gpu-a"])
+    clock = ManualClock(NOW)
+    async with api_extender(api, tmp_path, max_cache_age_s=QUIET_LIMIT_S, clock=clock) as ext:
+        clock.advance(QUIET_LIMIT_S + 1)
+        late = await send_slowly(ext, f"/{verb}", body, lambda: clock.advance(5.0))
+        on_time = await ext.post(f"/{verb}", body)
+        text = await ext.metrics()
+    assert late[0] == 504
+    assert late[1]["reason"] == "Timeout"
+    assert on_time[0] == 200
+    assert "stale" in on_time[1]["Error"]
+    assert f'tessera_extender_decisions_total{{result="shed",verb="{verb}"}} 1.0' in text
+    assert f'tessera_extender_decisions_total{{result="stale",verb="{verb}"}} 1.0' in text
+    assert api.requests_of("post") == [], "nothing was bound"
 
 
 async def test_without_a_cache_age_limit_an_old_cache_is_served(
@@ -698,7 +787,7 @@ async def test_without_a_cache_age_limit_an_old_cache_is_served(
         assert await ext.get("/readyz") == (200, "ok")
         status, result = await ext.post("/filter", filter_args(pod, ["gpu-a"]))
         assert (status, result["NodeNames"]) == (200, ["gpu-a"])
-        _, metrics = await ext.get("/metrics")
+        metrics = await ext.metrics()
     assert 'tessera_extender_cache_age_seconds{resource="pods"} 3600.0' in metrics
 
 
@@ -728,11 +817,11 @@ async def test_metrics_report_verbs_reasons_assumptions_and_gpus(tmp_path: Path)
             await gate.entered.wait()
         await ext.post("/filter", filter_args(first, ["gpu-a", "gpu-b"]))
         await ext.post("/filter", b"garbage")
-        _, while_binding = await ext.get("/metrics")
+        while_binding = await ext.metrics()
         gate.release.set()
         await binding
         await ext.post("/bind", bind_args(second, "gpu-a"))
-        _, text = await ext.get("/metrics")
+        text = await ext.metrics()
 
     assert "tessera_extender_assumed_pods 1.0" in while_binding
     assert "tessera_extender_assumed_pods 0.0" in text
@@ -784,7 +873,7 @@ async def scraped(ext: Extender, name: str, value: float) -> str:
     """The first /metrics page where gauge ``name`` shows ``value``."""
     async with asyncio.timeout(WAIT_S):
         while True:
-            _, text = await ext.get("/metrics")
+            text = await ext.metrics()
             if gauge(text, name) == value:
                 return text
             # the mix is only visible as Prometheus scrapes it: poll
@@ -798,7 +887,7 @@ async def test_a_server_packs_for_the_pod_mix_its_cluster_runs(tmp_path: Path, m
     # enough for two of the cluster's 12-core pods; on gpu-b all seven stay usable
     heavy = pod_json("heavy-0", gpus=1, cpu="24")
     async with serving(settings, cache=cache, clock=clock) as ext:
-        _, text = await ext.get("/metrics")
+        text = await ext.metrics()
         status, answer = await ext.post("/prioritize", filter_args(heavy, ["gpu-a", "gpu-b"]))
 
     assert status == 200
@@ -862,7 +951,7 @@ async def test_the_mix_is_learned_again_as_the_workload_changes(
         tmp_path, mostly_single_gpu_cluster(), pod_mix_interval_s=0.05
     )
     async with serving(settings, cache=cache, clock=clock) as ext:
-        assert gauge((await ext.get("/metrics"))[1], "tessera_extender_pod_mix_sizes") == 2
+        assert gauge(await ext.metrics(), "tessera_extender_pod_mix_sizes") == 2
         # what the watch would add: a wave of 8-GPU jobs
         for i in range(12):
             cache.upsert_pod(pod_from_json(pod_json(f"big-{i}", gpus=8, cpu="96")))
@@ -1043,7 +1132,7 @@ def test_main_without_a_usable_cluster_source_says_which(
 async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
     material: Material, tmp_path: Path
 ) -> None:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     context = client_context(
         material["ca.crt"], material["kube-scheduler.crt"], material["kube-scheduler.key"]
     )
@@ -1059,12 +1148,20 @@ async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
         str(material["ca-bundle.crt"]),
         "--cluster-file",
         str(capture_cluster(tmp_path)),
-        env=main_env(TESSERA_EXTENDER_TOPOLOGY_LEVELS=LEVELS_TEXT),
+        env=main_env(
+            TESSERA_EXTENDER_TOPOLOGY_LEVELS=LEVELS_TEXT,
+            TESSERA_EXTENDER_METRICS_PORT=str(metrics_port),
+        ),
     ) as server:
         connector = aiohttp.TCPConnector(ssl=context)
         async with aiohttp.ClientSession(connector=connector) as session:
             await wait_ready(session, f"https://localhost:{port}/readyz")
-            ext = Extender(f"https://localhost:{port}", session, web.Application())
+            ext = Extender(
+                f"https://localhost:{port}",
+                session,
+                web.Application(),
+                f"http://127.0.0.1:{metrics_port}",
+            )
             assert await ext.replay("008-ext-cache-filter") == (
                 200,
                 captured("009-ext-cache-filter-response.json"),
@@ -1073,7 +1170,8 @@ async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
                 200,
                 captured("017-ext-cache-bind-response.json"),
             )
-            _, metrics = await ext.get("/metrics")
+            assert (await ext.get("/metrics"))[0] == 404
+            metrics = await ext.metrics()
         assert await server.stop() == 0
     # the full collection made before serving, whose survivors are kept out of later ones
     full = re.search(r'tessera_extender_gc_pause_seconds_count{generation="2"} (\S+)', metrics)

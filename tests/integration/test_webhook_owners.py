@@ -284,8 +284,10 @@ class Webhook:
     def __init__(self, url: str, session: aiohttp.ClientSession, app: web.Application) -> None:
         self.url, self.session, self.app = url, session, app
 
-    async def review(self, body: bytes) -> Obj:
-        async with self.session.post(self.url + "/mutate", data=body) as response:
+    async def review(self, body: bytes, waits: str = "10s") -> Obj:
+        """The review's answer; ``waits`` is its ``?timeout=``, as kube-apiserver writes it."""
+        url = f"{self.url}/mutate?timeout={waits}"
+        async with self.session.post(url, data=body) as response:
             assert response.status == 200
             answer: Obj = jsonio.loads(await response.read())["response"]
             return answer
@@ -293,10 +295,15 @@ class Webhook:
 
 @contextlib.asynccontextmanager
 async def webhook_on(
-    api: FakeApiServer, material: Material, folder: Path
+    api: FakeApiServer,
+    material: Material,
+    folder: Path,
+    *,
+    owners: OwnerSource | None = None,
+    **overrides: Any,
 ) -> AsyncIterator[Webhook]:
-    settings = WebhookSettings(kubeconfig=write_kubeconfig(folder, api))
-    app = create_app(settings, clock=ManualClock())
+    settings = WebhookSettings(kubeconfig=write_kubeconfig(folder, api), **overrides)
+    app = create_app(settings, owners=owners, clock=ManualClock())
     runner = web.AppRunner(app)
     await runner.setup()
     reloader = CertReloader(material["webhook.crt"], material["webhook.key"])
@@ -347,3 +354,80 @@ async def test_the_webhook_skips_only_pods_of_jobs_that_exist_with_their_uid(
         f"/apis/batch/v1/namespaces/{NS}/jobs/fresh",
         f"/apis/batch/v1/namespaces/{NS}/jobs/made-up",
     ]
+
+
+def serve_policy(api: FakeApiServer) -> None:
+    for obj in load_objects(POLICY):
+        api.put(f"/apis/kueue.x-k8s.io/v1beta2/{KUEUE[obj['kind']]}", obj)
+
+
+async def watched(webhook: Webhook, api: FakeApiServer) -> None:
+    """Until the queue policy is listed and the Jobs are watched: a Job put after this,
+    while the API withholds its events, is one the webhook has not seen."""
+    await eventually(lambda: webhook.app[STORE].synced, "the queue policy listed")
+    # the fake registers a watch as it records its request, with no await between
+    await eventually(
+        lambda: any(r.kind == "watch" and r.path == JOBS for r in api.requests), "Jobs watched"
+    )
+
+
+# Far beyond the review's 1 s, far short of the lookup's own 60 s limit.
+ANSWER_BOUND_S = 15.0
+
+
+async def test_a_slow_owner_lookup_is_cut_short_by_the_reviews_deadline(
+    material: Material, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kube-apiserver stops waiting at the review's ``?timeout=``: an API slow to answer
+    the GET must not hold the answer past it. The lookup gets the review's time left
+    (less the margin), not its own limit, and the pod is then judged as its own."""
+    never = asyncio.Event()
+
+    async def hold(_: object) -> None:
+        await never.wait()
+
+    async with FakeApiServer(token=TOKEN) as api:
+        serve_policy(api)
+        api.before_get = hold
+        lookup = OwnerSource(timeout_s=60.0)
+        try:
+            async with webhook_on(api, material, tmp_path, owners=lookup) as webhook:
+                await watched(webhook, api)
+                with api.withheld(), caplog.at_level(logging.WARNING, logger="webhook.source"):
+                    fresh = api.put(JOBS, job("fresh"))["metadata"]["uid"]
+                    async with asyncio.timeout(ANSWER_BOUND_S):
+                        answer = await webhook.review(
+                            pod_review("fresh", fresh, JOB_CONTROLLER), waits="1s"
+                        )
+        finally:
+            never.set()  # the held GET ends, so the fake API closes at once
+
+    assert answer["allowed"] is False
+    assert "asks for 64 GPUs" in answer["status"]["message"]
+    gets = [r.path for r in api.requests_of("get")]
+    assert gets == [f"/apis/batch/v1/namespaces/{NS}/jobs/fresh"]
+    said = [r for r in caplog.records if "owner lookup failed" in r.getMessage()]
+    assert len(said) == 1
+
+
+async def test_a_review_with_no_time_left_judges_an_unseen_owner_without_a_lookup(
+    material: Material, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A review whose time left is all margin is still answered, but a GET would push
+    the answer past the deadline: the pod is judged as its own at once, as when a
+    lookup fails. (The webhook's clock stands still: exactly the margin is left.)"""
+    async with FakeApiServer(token=TOKEN) as api:
+        serve_policy(api)
+        async with webhook_on(api, material, tmp_path, deadline_margin_s=1.0) as webhook:
+            await watched(webhook, api)
+            with api.withheld(), caplog.at_level(logging.WARNING, logger="webhook.source"):
+                fresh = api.put(JOBS, job("fresh"))["metadata"]["uid"]
+                answer = await webhook.review(
+                    pod_review("fresh", fresh, JOB_CONTROLLER), waits="1s"
+                )
+
+    assert answer["allowed"] is False
+    assert "asks for 64 GPUs" in answer["status"]["message"]
+    assert api.requests_of("get") == [], "no lookup"
+    said = [r for r in caplog.records if "no time left to look up" in r.getMessage()]
+    assert len(said) == 1

@@ -1,6 +1,7 @@
 """The webhook as kube-apiserver meets it: HTTPS on a real socket, certificates from
-``certs``, the captured Job review, reinvocation, bad input, readiness and metrics; and
-``python -m webhook`` refusing to start on bad certificate files.
+``certs``, the captured Job review, reinvocation, bad input, readiness, metrics on their
+own port and never on the serving one; ``python -m webhook`` refusing to start on bad
+certificate files, and draining what is under way when it gets SIGTERM.
 """
 
 from __future__ import annotations
@@ -10,23 +11,24 @@ import base64
 import contextlib
 import io
 import re
+import signal
 import ssl
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from cluster import jsonio
+from cluster import jsonio, labels, serving
 from cluster.clock import ManualClock
 from cluster.tls import CertReloader, client_context
 from loadtest.pinned import free_port
 from tests.certfiles import Material, make_material
-from tests.processes import server_main, wait_ready
+from tests.processes import ServerProcess, server_main, wait_ready
 from webhook.app import create_app
 from webhook.patch import apply_patch
 from webhook.settings import WebhookSettings
@@ -51,8 +53,15 @@ def material(tmp_path_factory: pytest.TempPathFactory) -> Material:
 
 
 class Server:
-    def __init__(self, url: str, session: aiohttp.ClientSession, store: PolicyStore) -> None:
+    def __init__(
+        self,
+        url: str,
+        session: aiohttp.ClientSession,
+        store: PolicyStore,
+        metrics_url: str = "",
+    ) -> None:
         self.url, self.session, self.store = url, session, store
+        self.metrics_url = metrics_url
 
     async def post(self, body: bytes | io.BytesIO) -> tuple[int, Any]:
         async with self.session.post(
@@ -66,28 +75,33 @@ class Server:
         async with self.session.get(self.url + path) as response:
             return response.status, await response.text()
 
+    async def metrics(self) -> str:
+        async with self.session.get(self.metrics_url + "/metrics") as response:
+            assert response.status == 200
+            return await response.text()
+
 
 @contextlib.asynccontextmanager
 async def started(material: Material, store: PolicyStore) -> AsyncIterator[Server]:
-    """The webhook over TLS on a loopback port and a client trusting its CA, for the
-    block. Both are closed however the block ends: a test that skips (no captures) or
-    fails half-way must not leave a listening socket for the collector to find in some
-    later test, where ``filterwarnings = error`` makes its ResourceWarning that test's
-    error."""
+    """The webhook as ``python -m webhook`` serves it: guarded, over TLS, its metrics on
+    a plain-HTTP listener of their own; and a client trusting its CA, for the block.
+    All are closed however the block ends: a test that skips (no captures) or fails
+    half-way must not leave a listening socket for the collector to find in some later
+    test, where ``filterwarnings = error`` makes its ResourceWarning that test's error."""
     settings = WebhookSettings(managed_namespaces=frozenset({"team-nlp"}))
-    app = create_app(settings, store=store, clock=ManualClock())
-    runner = web.AppRunner(app)
-    await runner.setup()
-    try:
-        reloader = CertReloader(material["webhook.crt"], material["webhook.key"])
-        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=reloader.context)
-        await site.start()
-        port = runner.addresses[0][1]
-        connector = aiohttp.TCPConnector(ssl=client_context(material["ca.crt"]))
-        async with aiohttp.ClientSession(connector=connector) as session:
-            yield Server(f"https://localhost:{port}", session, store)
-    finally:
-        await runner.cleanup()
+    clock = ManualClock()
+    app = create_app(settings, store=store, clock=clock)
+    reloader = CertReloader(material["webhook.crt"], material["webhook.key"])
+    metrics = serving.metrics_app(app[serving.EXPOSITION], clock)
+    connector = aiohttp.TCPConnector(ssl=client_context(material["ca.crt"]))
+    async with (
+        serving.running(app, "127.0.0.1", 0, reloader.context, shutdown_grace_s=1) as port,
+        serving.running(metrics, "127.0.0.1", 0) as metrics_port,
+        aiohttp.ClientSession(connector=connector) as session,
+    ):
+        yield Server(
+            f"https://localhost:{port}", session, store, f"http://127.0.0.1:{metrics_port}"
+        )
 
 
 @pytest.fixture
@@ -184,16 +198,23 @@ async def test_not_ready_until_the_policy_is_synced(material: Material) -> None:
         assert (await client.post(jsonio.dumps(captured_job_review())))[0] == 200
 
 
-async def test_metrics_count_reviews_by_decision(server: Server) -> None:
+async def test_metrics_count_reviews_by_decision_on_their_own_port_only(server: Server) -> None:
     await server.post(jsonio.dumps(captured_job_review()))
     await server.post(b"garbage")
-    status, text = await server.get("/metrics")
-    assert status == 200
+    made_up = captured_job_review()
+    made_up["request"]["object"]["metadata"]["labels"][labels.QUEUE_NAME] = "q" * 300
+    await server.post(jsonio.dumps(made_up))
+    # whoever reaches the Service must not read the queues and namespaces they count
+    assert (await server.get("/metrics"))[0] == 404
+    text = await server.metrics()
     assert (
         'tessera_webhook_reviews_total{decision="mutated",kind="Job",queue="team-nlp-queue",'
         'reason="admitted"} 1.0' in text
     )
     assert 'decision="malformed"' in text
+    # what a user writes is never a label: a queue that does not exist is "unknown"
+    assert 'queue="unknown"' in text
+    assert "qqq" not in text
     assert "tessera_webhook_review_seconds_bucket" in text
     assert "tessera_webhook_policy_age_seconds" in text
 
@@ -215,7 +236,7 @@ async def test_a_renamed_job_is_answered_from_what_was_kept_and_metrics_say_so(
     ]
     assert gangs[0]["tessera.dev/gang"].startswith("team-nlp.finetune-")
     assert gangs[1]["tessera.dev/gang"].startswith("team-nlp.sweep-")
-    _, text = await server.get("/metrics")
+    text = await server.metrics()
     assert 'tessera_webhook_answers_total{source="computed"} 1.0' in text
     assert 'tessera_webhook_answers_total{source="kept"} 1.0' in text
 
@@ -262,7 +283,7 @@ def test_main_refuses_a_missing_certificate(tmp_path: Path) -> None:
 
 
 async def test_main_serves_the_policy_file_over_tls(material: Material) -> None:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     context: ssl.SSLContext = client_context(material["ca.crt"])
     async with server_main(
         "webhook",
@@ -276,14 +297,22 @@ async def test_main_serves_the_policy_file_over_tls(material: Material) -> None:
         str(material["webhook.key"]),
         "--policy-file",
         str(POLICY),
+        "--metrics-port",
+        str(metrics_port),
     ) as server:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
             await wait_ready(session, f"https://localhost:{port}/readyz")
-            webhook = Server(f"https://localhost:{port}", session, PolicyStore(ManualClock()))
+            webhook = Server(
+                f"https://localhost:{port}",
+                session,
+                PolicyStore(ManualClock()),
+                f"http://127.0.0.1:{metrics_port}",
+            )
             status, answer = await webhook.post(jsonio.dumps(captured_job_review()))
             assert status == 200
             assert answer["response"]["allowed"] is True
-            _, metrics = await webhook.get("/metrics")
+            assert (await webhook.get("/metrics"))[0] == 404
+            metrics = await webhook.metrics()
         # Kubernetes stops a pod with SIGTERM: a clean exit, not a traceback
         assert await server.stop() == 0
     # the collector's pauses are on the page, the full collection before serving first
@@ -292,5 +321,128 @@ async def test_main_serves_the_policy_file_over_tls(material: Material) -> None:
     assert float(full.group(1)) >= 1
     logged = server.logged
     assert "serving" in logged
+    assert f"metrics=127.0.0.1:{metrics_port}" in logged
     assert "stopping" in logged
     assert "Traceback" not in logged
+
+
+# ---------------------------------------------------------------- SIGTERM
+
+
+def raw_review(body: bytes) -> tuple[bytes, bytes]:
+    """A review's head with the first 100 bytes of its body, and the rest of the body."""
+    head = (
+        f"POST /mutate?timeout=30s HTTP/1.1\r\nHost: localhost\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    return head + body[:100], body[100:]
+
+
+async def refused(port: int) -> None:
+    """Until a new connection to ``port`` is refused (bounded)."""
+    async with asyncio.timeout(10):
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except ConnectionRefusedError:
+                return
+            writer.close()
+            await asyncio.sleep(0.05)
+
+
+async def under_way(metrics_url: str, requests: int) -> None:
+    """Until the server's metrics show ``requests`` under way (bounded)."""
+    wanted = f"tessera_webhook_requests_in_flight {float(requests)}"
+    async with aiohttp.ClientSession() as session, asyncio.timeout(30):
+        while True:
+            async with session.get(metrics_url + "/metrics") as response:
+                if wanted in (await response.text()).splitlines():
+                    return
+            await asyncio.sleep(0.05)
+
+
+@dataclass
+class Main:
+    port: int
+    metrics_url: str
+    process: ServerProcess
+
+
+@contextlib.asynccontextmanager
+async def webhook_main(material: Material, *args: str) -> AsyncIterator[Main]:
+    port, metrics_port = free_port(), free_port()
+    async with server_main(
+        "webhook",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tls-cert",
+        str(material["webhook.crt"]),
+        "--tls-key",
+        str(material["webhook.key"]),
+        "--policy-file",
+        str(POLICY),
+        "--metrics-port",
+        str(metrics_port),
+        *args,
+    ) as server:
+        context = client_context(material["ca.crt"])
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
+            await wait_ready(session, f"https://localhost:{port}/readyz")
+        yield Main(port, f"http://127.0.0.1:{metrics_port}", server)
+
+
+async def test_sigterm_stops_accepting_and_lets_the_review_under_way_finish(
+    material: Material,
+) -> None:
+    body = jsonio.dumps(captured_job_review())
+    start, rest = raw_review(body)
+    context = client_context(material["ca.crt"])
+    async with webhook_main(material, "--shutdown-grace", "20") as main:
+        server = main.process
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", main.port, ssl=context, server_hostname="localhost"
+        )
+        idle = await asyncio.open_connection(
+            "127.0.0.1", main.port, ssl=context, server_hostname="localhost"
+        )
+        writer.write(start)
+        await under_way(main.metrics_url, 1)
+        server.process.send_signal(signal.SIGTERM)
+        await refused(main.port)
+        async with asyncio.timeout(10):
+            assert await idle[0].read() == b""  # an idle keep-alive connection is closed
+        writer.write(rest)
+        async with asyncio.timeout(10):
+            status_line = await reader.readline()
+        assert status_line.startswith(b"HTTP/1.1 200")
+        writer.close()
+        idle[1].close()
+        async with asyncio.timeout(10):
+            assert await server.process.wait() == 0
+    assert "stopping" in server.logged
+    assert "stopped" in server.logged
+    assert "Traceback" not in server.logged
+
+
+async def test_sigterm_gives_up_on_a_stalled_review_after_the_grace(material: Material) -> None:
+    body = jsonio.dumps(captured_job_review())
+    start, _ = raw_review(body)
+    context = client_context(material["ca.crt"])
+    async with webhook_main(material, "--shutdown-grace", "1", "--body-timeout", "60") as main:
+        server = main.process
+        _, writer = await asyncio.open_connection(
+            "127.0.0.1", main.port, ssl=context, server_hostname="localhost"
+        )
+        writer.write(start)
+        await under_way(main.metrics_url, 1)
+        loop = asyncio.get_running_loop()
+        signalled = loop.time()
+        server.process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            assert await server.process.wait() == 0
+        took = loop.time() - signalled
+        writer.close()
+    assert 0.9 <= took <= 1 + 10, took
+    assert "Traceback" not in server.logged

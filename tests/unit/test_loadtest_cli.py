@@ -12,6 +12,7 @@ from loadtest.__main__ import main
     [
         ("bench-webhook", "python -m loadtest.bench_webhook"),
         ("bench-extender", "python -m loadtest.bench_extender"),
+        ("overload", "python -m loadtest overload"),
     ],
 )
 def test_bench_subcommands_hand_their_arguments_to_the_benchmark(
@@ -29,3 +30,4 @@ def test_the_top_level_help_lists_them(capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     assert "bench-webhook" in out
     assert "python -m loadtest bench-extender --help" in out
+    assert "python -m loadtest overload --server webhook" in out

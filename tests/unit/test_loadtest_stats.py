@@ -310,6 +310,7 @@ def test_one_stall_shows_in_every_request_queued_behind_it() -> None:
 def test_failures_and_timeouts_are_counted_and_the_run_goes_on() -> None:
     async def send(index: int) -> None:
         if index % 10 == 3:
+            await asyncio.sleep(1 * MS)
             raise RequestFailed("wrong-uid")
         await asyncio.sleep(30.0 if index == 5 else 1 * MS)
 
@@ -318,6 +319,21 @@ def test_failures_and_timeouts_are_counted_and_the_run_goes_on() -> None:
     assert (result.sent, result.ok) == (20, 17)
     assert result.latency.count == 17
     assert result.latency.summary().maximum < 0.1
+    # how soon each failure came, from when it was due: two fast, one at the timeout
+    assert result.failed.count == 3
+    assert result.failed.count_within(0.1) == 2
+    assert result.failed.summary().maximum >= 2.0
+
+
+def test_what_came_within_a_deadline_and_its_tail() -> None:
+    histogram = Histogram.of([0.001 * i for i in range(1, 101)] + [6.0, 7.0, 9.0])
+    assert histogram.count_within(5.0) == 100
+    assert histogram.count_within(6.5) == 101
+    assert histogram.count_within(0.0) == 0
+    # the slowest of those in time, not one of the late ones
+    assert histogram.percentile_within(99, 5.0) == pytest.approx(0.099, rel=2**-8)
+    assert histogram.percentile_within(100, 5.0) == pytest.approx(0.1, rel=2**-8)
+    assert histogram.percentile(99) > 5.0
 
 
 def test_a_run_that_falls_behind_stops_early() -> None:

@@ -25,7 +25,10 @@ import yaml
 from certs.manifests import set_ca_bundle
 from certs.plan import make_plan
 from cluster import labels
+from cluster.deadline import parse_go_duration
+from extender.settings import ExtenderSettings
 from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES
+from webhook.settings import MAX_TIMEOUT_S, WebhookSettings
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 NAMESPACE = "tessera-system"
@@ -316,7 +319,9 @@ def test_the_webhook_is_called_through_its_service_with_a_certificate_make_certs
     (port,) = service["spec"]["ports"]
     assert port["port"] == 443
     deployment = one("Deployment", "tessera-webhook")
-    (container_port,) = container(deployment, "webhook")["ports"]
+    (container_port,) = [
+        p for p in container(deployment, "webhook")["ports"] if p["name"] == "https"
+    ]
     assert port["targetPort"] == container_port["name"]
     assert container_port["containerPort"] == 8443
     assert service["spec"]["selector"].items() <= (
@@ -507,6 +512,63 @@ def test_the_extender_sidecar_listens_where_the_scheduler_calls_it() -> None:
     assert config_path == f"{mount['mountPath']}/config.yaml"
     (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
     assert volume["configMap"]["name"] == "tessera-scheduler-config"
+
+
+# ---------------------------------------------------------------- metrics and deadlines
+
+
+def test_metrics_have_a_port_of_their_own_that_no_service_exposes() -> None:
+    """Whoever reaches the webhook's Service (or the extender's /bind) must not read the
+    queues, namespaces and load that /metrics counts; Prometheus scrapes the pods'
+    port named metrics."""
+    servers = [
+        (one("Deployment", "tessera-webhook"), "webhook", "8080"),
+        (one("Deployment", "tessera-scheduler"), "extender", "8889"),
+    ]
+    exposed = {
+        (port.get("targetPort"), port["port"])
+        for doc in INSTALL
+        if doc.kind == "Service"
+        for port in doc.obj["spec"]["ports"]
+    }
+    for deployment, name, metrics_port in servers:
+        server = container(deployment, name)
+        assert flag_values(server["args"], "--metrics-port") == [metrics_port]
+        assert flag_values(server["args"], "--metrics-host") == ["0.0.0.0"]
+        (declared,) = [p for p in server["ports"] if p["name"] == "metrics"]
+        assert declared["containerPort"] == int(metrics_port)
+        assert flag_values(server["args"], "--port") != [metrics_port]
+        assert not {("metrics", int(metrics_port))} & exposed
+        assert not [p for _, p in exposed if p == int(metrics_port)]
+
+
+def test_the_extenders_deadline_is_kube_schedulers_http_timeout() -> None:
+    """An answer after httpTimeout is thrown away: the extender must not count on more."""
+    (extender,) = scheduler_config()["extenders"]
+    sidecar = container(one("Deployment", "tessera-scheduler"), "extender")
+    given = flag_values(sidecar["args"], "--request-timeout")
+    timeout = float(given[0]) if given else ExtenderSettings().request_timeout_s
+    assert timeout == parse_go_duration(extender["httpTimeout"])
+
+
+def test_the_webhooks_timeout_is_one_the_webhook_honours() -> None:
+    assert webhook()["timeoutSeconds"] <= MAX_TIMEOUT_S
+
+
+@pytest.mark.parametrize(
+    ("name", "server", "grace"),
+    [
+        ("tessera-webhook", "webhook", WebhookSettings().shutdown_grace_s),
+        ("tessera-scheduler", "extender", ExtenderSettings().shutdown_grace_s),
+    ],
+)
+def test_the_pod_waits_longer_than_the_server_drains(name: str, server: str, grace: float) -> None:
+    """SIGTERM, then the kubelet kills after terminationGracePeriodSeconds (30 s unless
+    set): the requests under way must be able to finish before that."""
+    deployment = one("Deployment", name)
+    given = flag_values(container(deployment, server)["args"], "--shutdown-grace")
+    drain = float(given[0]) if given else grace
+    assert pod_spec(deployment).get("terminationGracePeriodSeconds", 30) > drain
 
 
 # ---------------------------------------------------------------- deployments

@@ -1,0 +1,90 @@
+"""Where an HTTP/1.1 request's head ends and how long its body is, read strictly.
+
+Layer: PURE. Bytes in, a ``Head`` out: no I/O, no clock, no aiohttp. ``cluster.guard``
+reads each request's head with it before the server's own parser (aiohttp's llhttp) sees
+the request, to time the head, to count the body against the buffer budget and, when the
+server is overloaded, to answer at once without handing the request on.
+
+Two parsers that disagree on where a request ends are how requests get smuggled, so only
+the plain form is *framed* here: ``HTTP/1.1``, token header names, printable values, at
+most one ``Content-Length`` of digits, and no ``Transfer-Encoding``, ``Expect`` or
+``Upgrade``. On those the two parsers agree byte for byte (llhttp refuses the rest of
+what could be ambiguous). Anything else is a head that is not ``framed``: the guard never
+answers it itself, hands it to the server unread, and ends the connection after it.
+kube-apiserver and kube-scheduler only send the plain form.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+END: Final = b"\r\n\r\n"
+_REQUEST_LINE: Final = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+) ([\x21-\x7e]+) HTTP/1\.1")
+_FIELD: Final = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*([\x20-\x7e\t]*?)[ \t]*")
+_DIGITS: Final = re.compile(r"[0-9]{1,18}")
+_UNFRAMED_FIELDS: Final = frozenset({"transfer-encoding", "expect", "upgrade"})
+
+
+class HeadTooLarge(ValueError):
+    """No end of the head within the limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    size: int
+    """Bytes of the request line and header fields, the blank line included."""
+    method: str = ""
+    target: str = ""
+    body: int = 0
+    """``Content-Length`` (0 when absent); meaningless when not ``framed``."""
+    keep_alive: bool = False
+    framed: bool = False
+    """Read strictly: the request ends ``size + body`` bytes after it starts."""
+
+    @property
+    def path(self) -> str:
+        return self.target.partition("?")[0]
+
+    @property
+    def query(self) -> str:
+        return self.target.partition("?")[2]
+
+
+def read_head(buffer: bytes | bytearray, limit: int) -> Head | None:
+    """The head at the start of ``buffer``; ``None`` until its blank line has arrived;
+    ``HeadTooLarge`` when ``limit`` bytes came without one."""
+    end = buffer.find(END, 0, limit + len(END))
+    if end < 0:
+        if len(buffer) >= limit + len(END):
+            raise HeadTooLarge(f"no end of the request head within {limit} bytes")
+        return None
+    size = end + len(END)
+    try:
+        text = bytes(buffer[:end]).decode("ascii")
+    except UnicodeDecodeError:
+        return Head(size)
+    request_line, *lines = text.split("\r\n")
+    line = _REQUEST_LINE.fullmatch(request_line)
+    if line is None:
+        return Head(size)
+    method, target = line.group(1), line.group(2)
+    loose = Head(size, method, target)
+    length: int | None = None
+    keep_alive = True
+    for raw in lines:
+        field = _FIELD.fullmatch(raw)
+        if field is None:
+            return loose
+        name, value = field.group(1).lower(), field.group(2)
+        if name in _UNFRAMED_FIELDS:
+            return loose
+        if name == "content-length":
+            if length is not None or _DIGITS.fullmatch(value) is None:
+                return loose
+            length = int(value)
+        elif name == "connection":
+            tokens = {token.strip().lower() for token in value.split(",")}
+            keep_alive = keep_alive and "close" not in tokens
+    return Head(size, method, target, length or 0, keep_alive, framed=True)
