@@ -620,6 +620,26 @@ class FakeApiServer:
         return _json_response(status_body(201, "", ""), status=201)
 
 
+def write_kubeconfig(folder: Path, api: FakeApiServer, user: str) -> Path:
+    """A kubeconfig file for a server under test to reach ``api`` as ``user``, with the
+    fake's bearer token."""
+    path = folder / "kubeconfig"
+    token = {"token": api.token} if api.token is not None else {}
+    path.write_bytes(
+        jsonio.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+                "users": [{"name": user, "user": token}],
+                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": user}}],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path
+
+
 def _kind(request: web.Request) -> str:
     if request.method == "GET":
         if request.query.get("watch") in ("true", "1"):

@@ -48,7 +48,7 @@ from extender.settings import ExtenderSettings, parse_levels
 from loadtest.pinned import free_port
 from tests.builders import RACK_LABEL, node_json, pod_json
 from tests.certfiles import MTLS_CLIENTS, Material, make_material
-from tests.fakeapi import FakeApiServer, Fault
+from tests.fakeapi import FakeApiServer, Fault, write_kubeconfig
 from tests.processes import server_main, wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,23 +93,6 @@ def capture_cluster(folder: Path) -> Path:
 def cluster_file(folder: Path, objects: Iterable[Mapping[str, Any]]) -> Path:
     path = folder / "cluster.json"
     path.write_bytes(jsonio.dumps({"apiVersion": "v1", "kind": "List", "items": list(objects)}))
-    return path
-
-
-def write_kubeconfig(folder: Path, api: FakeApiServer) -> Path:
-    path = folder / "kubeconfig"
-    path.write_bytes(
-        jsonio.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
-                "users": [{"name": "extender", "user": {"token": TOKEN}}],
-                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "extender"}}],
-                "current-context": "fake",
-            }
-        )
-    )
     return path
 
 
@@ -241,7 +224,7 @@ async def api_extender(
     api: FakeApiServer, folder: Path, *, max_cache_age_s: float = 30.0, **kwargs: Any
 ) -> AsyncIterator[Extender]:
     settings = ExtenderSettings(
-        kubeconfig=write_kubeconfig(folder, api),
+        kubeconfig=write_kubeconfig(folder, api, "extender"),
         topology_levels=LEVELS,
         max_cache_age_s=max_cache_age_s,
     )
@@ -688,7 +671,7 @@ async def test_not_ready_until_nodes_and_pods_are_listed(
         await listing.wait()
 
     api.before_list = hold
-    settings = ExtenderSettings(kubeconfig=write_kubeconfig(tmp_path, api))
+    settings = ExtenderSettings(kubeconfig=write_kubeconfig(tmp_path, api, "extender"))
     async with serving(settings) as ext:
         assert (await ext.get("/readyz"))[0] == 503
         status, answer = await ext.post("/filter", filter_args(pod, ["gpu-a"]))
@@ -974,7 +957,9 @@ async def test_a_watching_server_learns_its_mix_once_the_informers_have_listed(
     api.put(NODES_PATH, node_json("gpu-a"))
     for i in range(3):
         api.put(PODS_PATH, pod_json(f"train-{i}", gpus=4, cpu="32"))
-    settings = ExtenderSettings(kubeconfig=write_kubeconfig(tmp_path, api), pod_mix_interval_s=3600)
+    settings = ExtenderSettings(
+        kubeconfig=write_kubeconfig(tmp_path, api, "extender"), pod_mix_interval_s=3600
+    )
     async with serving(settings) as ext:
         await ext.ready()
         # long before the first interval ends
@@ -989,7 +974,9 @@ async def test_a_watching_server_prepares_its_gang_shapes_once_the_informers_hav
     for item in gang_cluster():
         api.put(NODES_PATH if item["kind"] == "Node" else PODS_PATH, item)
     settings = ExtenderSettings(
-        kubeconfig=write_kubeconfig(tmp_path, api), topology_levels=LEVELS, pod_mix="default"
+        kubeconfig=write_kubeconfig(tmp_path, api, "extender"),
+        topology_levels=LEVELS,
+        pod_mix="default",
     )
     async with serving(settings) as ext:
         await ext.ready()
