@@ -1,0 +1,206 @@
+"""Metadata a user writes where Tessera writes its own (issue 20): what a forged
+``tessera.dev/gpu-indices`` annotation or ``tessera.dev/gang`` label can and cannot make
+the extender do.
+
+The extender records the GPUs it gives a pod in the Binding, and kube-apiserver copies
+the Binding's annotations onto the pod as it binds it, over whatever the pod carried. The
+extender's cache reads the annotation of every bound pod as the GPUs that pod holds: that
+is how it rebuilds its record after a restart. It reads a pod's gang from its
+``tessera.dev/gang`` label, which the webhook writes as ``<namespace>.<job>`` unless the
+workload already has one. The user here is a namespace editor: a ServiceAccount bound to
+the built-in ``edit`` ClusterRole in the jobs' namespace, as a team's engineers usually
+are.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import pytest
+
+from cluster import labels
+from tests.e2e.fixtures.cluster import E2ECluster, Placement, gpu_conflicts
+from tests.e2e.fixtures.fleet import GANG_POOL
+from tests.e2e.fixtures.install import Identity
+from tests.e2e.fixtures.jobs import IMAGE, NAMESPACE, gpu_job, to_yaml
+from tests.e2e.fixtures.kubeapi import ApiError, KubeApi, WaitTimeoutError
+
+pytestmark = pytest.mark.e2e
+
+NODE: Final = "restart-1"
+"""8 GPUs in two NVLink islands of 4: a 4-GPU pod takes one island, the next the other."""
+GPUS: Final = 8
+EDITOR: Final = Identity(NAMESPACE, "e2e-editor")
+
+
+class GpuGivenTwice(AssertionError):
+    """The extender gave a pod GPUs it had already given another pod."""
+
+
+class GangSteeredFromOutside(AssertionError):
+    """A pod of another namespace decided where a gang may run."""
+
+
+@pytest.fixture(scope="module")
+def editor(e2e: E2ECluster) -> KubeApi:
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": EDITOR.name, "namespace": EDITOR.namespace},
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": f"{EDITOR.name}-edit", "namespace": EDITOR.namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [
+            {"kind": "ServiceAccount", "name": EDITOR.name, "namespace": EDITOR.namespace}
+        ],
+    }
+    e2e.kubectl("apply", "-f", "-", stdin=to_yaml(account, binding))
+    return e2e.api_as(EDITOR)
+
+
+def _bound(e2e: E2ECluster, job: dict[str, Any]) -> Placement:
+    created = e2e.create(to_yaml(job))
+    assert created.returncode == 0, created.stderr
+    [placement] = e2e.wait_bound(job["metadata"]["name"], 1)
+    return placement
+
+
+def _with_template_annotation(job: dict[str, Any], key: str, value: str) -> dict[str, Any]:
+    job["spec"]["template"].setdefault("metadata", {}).setdefault("annotations", {})[key] = value
+    return job
+
+
+def _indices(values: tuple[int, ...] | list[int]) -> str:
+    return ",".join(map(str, values))
+
+
+def test_gpu_indices_written_in_a_pod_template_are_replaced_by_the_binding(
+    scheduling: E2ECluster,
+) -> None:
+    e2e = scheduling
+    first = _bound(e2e, gpu_job("indices-first", gpus=4, node=NODE))
+    # the second job's pods claim, before they are bound, the GPUs the first one holds
+    forged = _with_template_annotation(
+        gpu_job("indices-forged", gpus=4, node=NODE), labels.GPU_INDICES, _indices(first.indices)
+    )
+
+    second = _bound(e2e, forged)
+
+    assert second.node == NODE
+    assert set(second.indices).isdisjoint(first.indices), (first, second)
+    assert gpu_conflicts(e2e.all_placements(), e2e.fleet) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=GpuGivenTwice,
+    reason="hole (issue 20): a pod's editor may rewrite tessera.dev/gpu-indices after "
+    "binding (pods UPDATE is allowed by the webhook's update rule), and the extender's "
+    "cache takes the new value, so the GPUs the pod was given look free",
+)
+def test_an_editor_rewriting_gpu_indices_does_not_free_the_gpus_the_pod_was_given(
+    scheduling: E2ECluster, editor: KubeApi
+) -> None:
+    e2e = scheduling
+    first = _bound(e2e, gpu_job("indices-held", gpus=4, node=NODE))
+    elsewhere = [i for i in range(GPUS) if i not in first.indices]
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{first.name}"
+    try:
+        editor.merge_patch(path, {"metadata": {"annotations": {
+            labels.GPU_INDICES: _indices(elsewhere)}}})  # fmt: skip
+    except ApiError as exc:
+        if exc.status not in (400, 403, 422):  # refusing the rewrite keeps the record true
+            raise
+
+    second = _bound(e2e, gpu_job("indices-next", gpus=4, node=NODE))
+
+    if not set(second.indices).isdisjoint(first.indices):
+        raise GpuGivenTwice(
+            f"pod {second.name} was given GPUs {list(second.indices)} of {NODE}, which the "
+            f"extender had given {first.name} ({list(first.indices)}) before its "
+            f"{labels.GPU_INDICES} was rewritten to {_indices(elsewhere)}"
+        )
+
+
+OTHER_NAMESPACE: Final = "e2e-other"
+"""Another team's namespace: no queue, and not one the webhook manages (its default)."""
+VICTIM: Final = "victim"
+
+
+def _gang_impostor(gang: str) -> dict[str, Any]:
+    """A pod anyone who may create pods in their own namespace can write: the label of a
+    gang of ``NAMESPACE``, the extender's scheduler, one 4-GPU pod on the one node of rack
+    a (which holds two such pods)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "impostor",
+            "namespace": OTHER_NAMESPACE,
+            "labels": {labels.GANG: gang},
+            "annotations": {labels.GANG_SIZE: "2"},
+        },
+        "spec": {
+            "schedulerName": labels.DEFAULT_SCHEDULER_NAME,
+            "nodeSelector": {labels.HOSTNAME: "gang-a1"},
+            "containers": [
+                {"name": "main", "image": IMAGE, "resources": {"limits": {labels.GPU_RESOURCE: 4}}}
+            ],
+        },
+    }
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=GangSteeredFromOutside,
+    reason="hole (issue 20): the webhook keeps a tessera.dev/gang label a workload already "
+    "has, whatever namespace it names, and the extender counts every pod with that label as "
+    "a member, so a pod of another namespace decides where a required:rack gang may run",
+)
+def test_a_pod_of_another_namespace_naming_a_gang_does_not_decide_where_it_runs(
+    scheduling: E2ECluster,
+) -> None:
+    e2e = scheduling
+    e2e.kubectl("create", "namespace", OTHER_NAMESPACE, check=False)
+    e2e.api.wait(
+        f"ServiceAccount default in namespace {OTHER_NAMESPACE}",
+        lambda: e2e.api.items(f"/api/v1/namespaces/{OTHER_NAMESPACE}/serviceaccounts") or None,
+    )
+    try:
+        e2e.api.create(
+            f"/api/v1/namespaces/{OTHER_NAMESPACE}/pods",
+            _gang_impostor(f"{NAMESPACE}.{VICTIM}"),
+        )
+        e2e.api.watch_until(
+            "the impostor bound",
+            f"/api/v1/namespaces/{OTHER_NAMESPACE}/pods",
+            lambda pod: bool(pod["spec"].get("nodeName")),
+        )
+        # with the impostor on it, rack a has room for one more 4-GPU pod and rack b for
+        # four: the gang fits in rack b, unless the impostor counts as a member placed in a
+        created = e2e.create(
+            to_yaml(
+                gpu_job(
+                    VICTIM,
+                    pods=2,
+                    gpus=4,
+                    pool=GANG_POOL,
+                    annotations={labels.TOPOLOGY: "required:rack"},
+                )
+            )
+        )
+        assert created.returncode == 0, created.stderr
+        try:
+            placed = e2e.wait_bound(VICTIM, 2, timeout=30)
+        except WaitTimeoutError as exc:
+            raise GangSteeredFromOutside(
+                f"gang {NAMESPACE}.{VICTIM} (required:rack) is held to the rack of pod "
+                f"{OTHER_NAMESPACE}/impostor, which carries its label: {exc}"
+            ) from None
+        racks = {e2e.fleet[p.node].rack for p in placed}
+        assert len(racks) == 1, placed
+    finally:
+        e2e.delete_jobs(OTHER_NAMESPACE)
