@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Final
@@ -790,6 +790,16 @@ def pod_from_json(obj: Mapping[str, Any]) -> PodInfo:
     annotations = _mapping(metadata, "annotations")
     reading = read_demand(spec, annotations, _mapping(metadata, "labels"))
     problems = list(reading.problems)
+    demand = reading.demand
+    if demand.gang is not None and not demand.gang.id.startswith(f"{namespace}."):
+        # Gang ids are <namespace>.<job>: a pod claiming another namespace's gang would
+        # hold that gang to the pod's own rack. The webhook refuses such labels; pods it
+        # does not see (system namespaces) are kept out here.
+        problems.append(
+            f"label {keys.GANG}={echo(demand.gang.id)} names a gang outside namespace "
+            f"{namespace}; scheduled as a single pod"
+        )
+        demand = replace(demand, gang=None)
 
     node = spec.get("nodeName")
     uid = metadata.get("uid")
@@ -799,9 +809,9 @@ def pod_from_json(obj: Mapping[str, Any]) -> PodInfo:
     return PodInfo(
         key=pod_key(namespace, name),
         uid=uid if isinstance(uid, str) else "",
-        demand=reading.demand,
+        demand=demand,
         node=NodeName(sys.intern(node)) if isinstance(node, str) and node else None,
-        gpu_indices=_gpu_indices(annotations, reading.demand, problems),
+        gpu_indices=_gpu_indices(annotations, demand, problems),
         phase=_phase(_mapping(obj, "status"), problems),
         scheduler_name=sys.intern(scheduler) if isinstance(scheduler, str) else "",
         deleting=metadata.get("deletionTimestamp") is not None,

@@ -955,8 +955,43 @@ def _shown(value: str | None) -> str:
     return "unset" if value is None else echo(value)
 
 
+def check_gang_namespace(workload: Workload) -> Denied | None:
+    """A gang id is ``<namespace>.<name>``: a label naming a gang of another namespace
+    would make the extender count this workload's pods as that gang's members, and so
+    steer another team's job. Checked before any queue rule, since a workload that names
+    no queue is let through otherwise."""
+    own = f"{workload.namespace}."
+    found = [(workload.labels.get(labels.GANG), "")] + [
+        (t.labels.get(labels.GANG), f" of pod template {t.pointer}") for t in workload.templates
+    ]
+    for gid, at in found:
+        if gid is not None and not gid.startswith(own):
+            return Denied(
+                INVALID,
+                "gang",
+                f"label {labels.GANG}={echo(gid)}{at} names a gang outside namespace "
+                f"{echo(workload.namespace, quote=False)}; gang ids are "
+                f"<namespace>.<job name>: remove the label (the webhook sets it)",
+            )
+    return None
+
+
 def check_update(new: Workload, old: Workload) -> Denied | None:
-    """UPDATE: the queue label is fixed once running, the gang metadata for good."""
+    """UPDATE: the queue label is fixed once running, the gang metadata for good, and a
+    pod's GPU record is the extender's alone (a Binding writes it, never an UPDATE)."""
+    if new.kind is WorkloadKind.POD:
+        now, before = (
+            new.annotations.get(labels.GPU_INDICES),
+            old.annotations.get(labels.GPU_INDICES),
+        )
+        if now != before:
+            return Denied(
+                INVALID,
+                "update",
+                f"annotation {labels.GPU_INDICES} cannot change (was {_shown(before)}, now "
+                f"{_shown(now)}): it records the GPUs the extender gave pod "
+                f"{new.display_name} when it bound it, and only that Binding writes it",
+            )
     if new.queue_name != old.queue_name and not (old.suspended and new.suspended):
         return Denied(
             INVALID,
@@ -1045,6 +1080,9 @@ def _judge(
     """The rules, for a workload of its own."""
     if not workload.uses_gpu:
         return Allowed(workload.obj, reason="no-gpu")
+    foreign = check_gang_namespace(workload)
+    if foreign is not None:
+        return replace(foreign, queue=queue_label(policy, workload.namespace, workload.queue_name))
     if request.operation == "UPDATE":
         return _validate_update(request, workload, workload.kind, policy)
     return _mutate(workload, request.uid, policy, config, placeholder)

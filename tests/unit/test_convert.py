@@ -591,21 +591,23 @@ def test_a_usable_gpu_request_is_not_refused(ask: dict[str, Any]) -> None:
 
 
 def _gang(size: int, min_count: int) -> GangSpec:
-    return GangSpec(id=GangId("ns.j"), size=size, min_count=min_count)
+    return GangSpec(id=GangId("team-nlp.j"), size=size, min_count=min_count)
 
 
 GANGS = [
-    pytest.param({"gang": "ns.j", "gang_size": 4}, _gang(4, 4), 0, id="min-defaults-to-all"),
-    pytest.param({"gang": "ns.j", "gang_size": 4, "gang_min": 2}, _gang(4, 2), 0, id="min"),
-    pytest.param({"gang": "ns.j", "gang_size": 4, "gang_min": 5}, _gang(4, 4), 1, id="min-over"),
-    pytest.param({"gang": "ns.j", "gang_size": 4, "gang_min": "two"}, _gang(4, 4), 1, id="min-bad"),
-    pytest.param({"gang": "ns.j", "gang_size": 4, "gang_min": 0}, _gang(4, 4), 1, id="min-zero"),
-    pytest.param({"gang": "ns.j"}, None, 1, id="no-size"),
-    pytest.param({"gang": "ns.j", "gang_size": "four"}, None, 1, id="size-unreadable"),
-    pytest.param({"gang": "ns.j", "gang_size": 0}, None, 1, id="size-zero"),
-    pytest.param({"gang": "ns.j", "gang_size": "+4"}, None, 1, id="size-signed"),
+    pytest.param({"gang": "team-nlp.j", "gang_size": 4}, _gang(4, 4), 0, id="min-defaults-to-all"),
+    pytest.param({"gang": "team-nlp.j", "gang_size": 4, "gang_min": 2}, _gang(4, 2), 0, id="min"),
+    pytest.param({"gang": "team-nlp.j", "gang_size": 4, "gang_min": 5}, _gang(4, 4), 1, id="min-over"),
+    pytest.param({"gang": "team-nlp.j", "gang_size": 4, "gang_min": "two"}, _gang(4, 4), 1, id="min-bad"),
+    pytest.param({"gang": "team-nlp.j", "gang_size": 4, "gang_min": 0}, _gang(4, 4), 1, id="min-zero"),
+    pytest.param({"gang": "team-nlp.j"}, None, 1, id="no-size"),
+    pytest.param({"gang": "team-nlp.j", "gang_size": "four"}, None, 1, id="size-unreadable"),
+    pytest.param({"gang": "team-nlp.j", "gang_size": 0}, None, 1, id="size-zero"),
+    pytest.param({"gang": "team-nlp.j", "gang_size": "+4"}, None, 1, id="size-signed"),
     pytest.param({"gang_size": 4, "gang_min": 2}, None, 0, id="no-gang-label"),
     pytest.param({"gang": "", "gang_size": 4}, None, 0, id="empty-gang-label"),
+    pytest.param({"gang": "other-team.j", "gang_size": 4}, None, 1, id="other-namespace"),
+    pytest.param({"gang": "team-nlp-x.j", "gang_size": 4}, None, 1, id="namespace-prefix-only"),
 ]  # fmt: skip
 
 

@@ -1167,6 +1167,7 @@ def _with(obj: dict[str, Any], path: tuple[str | int, ...], value: Any) -> dict[
 
 
 QUEUE_LABEL = ("metadata", "labels", labels.QUEUE_NAME)
+INDICES = ("metadata", "annotations", labels.GPU_INDICES)
 SUSPENDED = job(spec={"suspend": True})
 RUNNING = job(spec={"suspend": False})
 GANGED = job(
@@ -1174,6 +1175,8 @@ GANGED = job(
     template_meta={"labels": {labels.GANG: "team.train"},
                    "annotations": {labels.GANG_SIZE: "2", labels.GANG_MIN: "2"}},
 )  # fmt: skip
+BOUND = pod(annotations={labels.GPU_INDICES: "3"})
+"""A pod the extender bound to GPU 3 (the Binding wrote the annotation)."""
 
 
 @pytest.mark.parametrize(
@@ -1186,6 +1189,8 @@ GANGED = job(
         pytest.param(RUNNING, _with(RUNNING, ("metadata", "labels", "team"), "x"),
                      id="other-label"),
         pytest.param(GANGED, _with(GANGED, ("spec", "suspend"), True), id="gang-unchanged"),
+        pytest.param(BOUND, _with(BOUND, ("metadata", "labels", "team"), "x"),
+                     id="bound-pod-relabelled"),
     ],
 )  # fmt: skip
 def test_updates_allowed(old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -1213,6 +1218,14 @@ def test_updates_allowed(old: dict[str, Any], new: dict[str, Any]) -> None:
         pytest.param(GANGED, _with(GANGED, ("spec", "template", "metadata", "annotations",
                                             labels.GANG_SIZE), "3"),
                      "annotation tessera.dev/gang-size of pod template", id="gang-size"),
+        # issue 20: an editor who rewrites the record would free the GPUs the pod holds
+        pytest.param(BOUND, _with(BOUND, INDICES, "5"),
+                     "annotation tessera.dev/gpu-indices cannot change (was '3', now '5'): it "
+                     "records the GPUs the extender gave pod notebook", id="gpu-indices-rewritten"),
+        pytest.param(pod(), _with(pod(), INDICES, "0"),
+                     "annotation tessera.dev/gpu-indices cannot change (was unset, now '0')",
+                     id="gpu-indices-added"),
+        pytest.param(BOUND, pod(), "was '3', now unset", id="gpu-indices-removed"),
     ],
 )  # fmt: skip
 def test_updates_denied(old: dict[str, Any], new: dict[str, Any], fragment: str) -> None:
@@ -1344,3 +1357,24 @@ def test_whole_gpus_and_shares_must_fit_one_flavor() -> None:
         f"asks for 500 milli-GPUs (1 pod {X} 500); queue q (ClusterQueue mine) can get at most "
         "0 milli-GPUs in flavor big",
     )
+
+
+@pytest.mark.parametrize(
+    ("obj", "fragment"),
+    [
+        # issue 20: a pod that names another team's gang would hold that gang to its rack;
+        # refused also where no queue rule runs (a namespace without queues)
+        pytest.param(pod(namespace="free", queue=None, extra_labels={labels.GANG: "team.train"}),
+                     "label tessera.dev/gang='team.train' names a gang outside namespace free",
+                     id="pod-in-an-unmanaged-namespace"),
+        pytest.param(job(template_meta={"labels": {labels.GANG: "other.train"}}),
+                     "label tessera.dev/gang='other.train' of pod template /spec/template names "
+                     "a gang outside namespace team", id="job-template"),
+        pytest.param(job(extra_labels={labels.GANG: "teamx.train"}),
+                     "names a gang outside namespace team", id="a-prefix-is-not-the-namespace"),
+    ],
+)  # fmt: skip
+def test_a_gang_label_of_another_namespace_is_refused(obj: dict[str, Any], fragment: str) -> None:
+    denied(admit(request(obj), POLICY, CONFIG), 422, fragment)
+    update = request(obj, operation="UPDATE", old=obj)
+    denied(admit(update, POLICY, CONFIG), 422, fragment)
