@@ -7,8 +7,9 @@ snapshot, WATCH as chunked newline-delimited JSON with bookmarks, GET, POST (cre
 onto the pod), PATCH (merge, strategic as merge, JSON patch), bearer-token checks and
 TLS. Tests steer it from outside, the way a cluster misbehaves: hold back events, compact
 history (410 Gone as an ERROR event or as HTTP 410), end watches (server-side timeout),
-drop connections mid-stream, fail the next requests. Must not import Tessera code: it is
-the other side of the wire.
+drop connections mid-stream, fail the next requests, go down and come back on the same
+address (``go_down``, ``come_back``). Must not import Tessera code: it is the other side
+of the wire.
 
 Collections are named by their cluster-wide path (``/api/v1/pods``); namespaced paths
 (``/api/v1/namespaces/ns/pods``) are views of the same collection. To serve more, add
@@ -22,6 +23,7 @@ import base64
 import contextlib
 import copy
 import datetime as dt
+import socket
 import ssl
 import uuid
 from collections import deque
@@ -228,6 +230,7 @@ class FakeApiServer:
         self._watchers: set[_Watcher] = set()
         self._withheld = False
         self._runner: web.AppRunner | None = None
+        self._port_holder: socket.socket | None = None
         self.url = ""
         self.app = web.Application(middlewares=[self._middleware])
         gv = GROUP_VERSION
@@ -250,22 +253,52 @@ class FakeApiServer:
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> str:
+        # The port is held by a socket of the server's own that never listens: while the
+        # server is down, connections to it are refused and nothing else can take it.
+        # Both that socket and the listening ones share it through SO_REUSEPORT.
+        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        holder.bind(("127.0.0.1", 0))
+        self._port_holder = holder
+        port = holder.getsockname()[1]
+        self.url = f"{'https' if self._ssl else 'http'}://127.0.0.1:{port}"
+        await self._serve(port)
+        return self.url
+
+    async def _serve(self, port: int) -> None:
         # handler_cancellation: a watch handler learns at once that its client went away.
-        self._runner = web.AppRunner(
+        runner = web.AppRunner(
             self.app, handle_signals=False, shutdown_timeout=1.0, handler_cancellation=True
         )
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._ssl)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", port, ssl_context=self._ssl, reuse_port=True)
         await site.start()
-        port = self._runner.addresses[0][1]
-        self.url = f"{'https' if self._ssl else 'http'}://127.0.0.1:{port}"
-        return self.url
+        self._runner = runner
+
+    async def go_down(self) -> None:
+        """kube-apiserver stops: open watches break mid-stream, and every connection after
+        is refused, until ``come_back``. The objects stay (they are in etcd)."""
+        self.drop_watches()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def come_back(self) -> None:
+        """kube-apiserver starts again on the same address. Its watch cache starts at the
+        current resourceVersion, so a watch from before the restart is answered 410 and the
+        client has to list again."""
+        assert self._port_holder is not None, "come_back needs a server that was started"
+        self.compact()
+        await self._serve(self._port_holder.getsockname()[1])
 
     async def close(self) -> None:
         self.end_watches()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._port_holder is not None:
+            self._port_holder.close()
+            self._port_holder = None
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -343,8 +376,11 @@ class FakeApiServer:
     def watchers(self) -> int:
         return len(self._watchers)
 
-    def _control(self, item: tuple[str, Any]) -> None:
-        for watcher in self._watchers:
+    def _watching(self, collection: str | None) -> list[_Watcher]:
+        return [w for w in self._watchers if collection in (None, w.collection)]
+
+    def _control(self, item: tuple[str, Any], collection: str | None = None) -> None:
+        for watcher in self._watching(collection):
             watcher.queue.put_nowait(item)
 
     def send_bookmark(self) -> str:
@@ -356,13 +392,15 @@ class FakeApiServer:
         """Close open watches cleanly, as when their ``timeoutSeconds`` runs out."""
         self._control(("end", None))
 
-    def expire_watches(self) -> None:
-        """Send open watches an ERROR event with a 410 Status, then close them."""
-        self._control(("error", 410))
+    def expire_watches(self, collection: str | None = None) -> None:
+        """Send open watches (of ``collection``, or all) an ERROR event with a 410 Status,
+        then close them."""
+        self._control(("error", 410), collection)
 
-    def drop_watches(self, after_events: int = 0) -> None:
-        """Cut open watches' connections (no final chunk) after ``after_events`` more."""
-        for watcher in self._watchers:
+    def drop_watches(self, after_events: int = 0, collection: str | None = None) -> None:
+        """Cut open watches' connections (of ``collection``, or all; no final chunk)
+        after ``after_events`` more."""
+        for watcher in self._watching(collection):
             watcher.drop_after = after_events
             if after_events == 0:
                 watcher.queue.put_nowait(("drop", None))

@@ -369,6 +369,13 @@ class ControlPlane:
         _write_private(key, _service_account_key())
         tokens = self._workdir / "tokens.csv"
         _write_private(tokens, f'{self._token},admin,admin-uid,"system:masters"\n'.encode())
+        self.start_apiserver()
+
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver (again, after ``stop_component("kube-apiserver")``) with
+        the flags, keys and certificates of the first start: the tokens it issued stay
+        valid and clients keep trusting it. Returns once its ``/readyz`` answers 200."""
+        key = self._workdir / "service-account.key"
         self._spawn(
             "kube-apiserver",
             f"--etcd-servers=http://{LOOPBACK}:{self._ports.etcd_client}",
@@ -378,7 +385,7 @@ class ControlPlane:
             # A self-signed serving certificate for 127.0.0.1, made at first start.
             f"--cert-dir={self._workdir / 'apiserver-certs'}",
             "--authorization-mode=RBAC",
-            f"--token-auth-file={tokens}",
+            f"--token-auth-file={self._workdir / 'tokens.csv'}",
             f"--service-account-key-file={key}",
             f"--service-account-signing-key-file={key}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -387,6 +394,10 @@ class ControlPlane:
             "--endpoint-reconciler-type=none",
             "--allow-privileged=true",
         )
+        # Stopped in its place, before etcd and after the components that need it.
+        started = self._components.pop()
+        after_etcd = next((i + 1 for i, c in enumerate(self._components) if c.name == "etcd"), 0)
+        self._components.insert(after_etcd, started)
         # The serving certificate exists only once the API server has written it.
         self._wait_for_file("kube-apiserver", self.credentials.ca_file)
         context = ssl.create_default_context(cafile=str(self.credentials.ca_file))
