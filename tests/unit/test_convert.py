@@ -594,16 +594,18 @@ def _gang(size: int, min_count: int) -> GangSpec:
     return GangSpec(id=GangId("team-nlp.j"), size=size, min_count=min_count)
 
 
+J = "team-nlp.j"
+"""A gang id of the namespace ``pod_json`` puts its pods in."""
 GANGS = [
-    pytest.param({"gang": "team-nlp.j", "gang_size": 4}, _gang(4, 4), 0, id="min-defaults-to-all"),
-    pytest.param({"gang": "team-nlp.j", "gang_size": 4, "gang_min": 2}, _gang(4, 2), 0, id="min"),
-    pytest.param({"gang": "team-nlp.j", "gang_size": 4, "gang_min": 5}, _gang(4, 4), 1, id="min-over"),
-    pytest.param({"gang": "team-nlp.j", "gang_size": 4, "gang_min": "two"}, _gang(4, 4), 1, id="min-bad"),
-    pytest.param({"gang": "team-nlp.j", "gang_size": 4, "gang_min": 0}, _gang(4, 4), 1, id="min-zero"),
-    pytest.param({"gang": "team-nlp.j"}, None, 1, id="no-size"),
-    pytest.param({"gang": "team-nlp.j", "gang_size": "four"}, None, 1, id="size-unreadable"),
-    pytest.param({"gang": "team-nlp.j", "gang_size": 0}, None, 1, id="size-zero"),
-    pytest.param({"gang": "team-nlp.j", "gang_size": "+4"}, None, 1, id="size-signed"),
+    pytest.param({"gang": J, "gang_size": 4}, _gang(4, 4), 0, id="min-defaults-to-all"),
+    pytest.param({"gang": J, "gang_size": 4, "gang_min": 2}, _gang(4, 2), 0, id="min"),
+    pytest.param({"gang": J, "gang_size": 4, "gang_min": 5}, _gang(4, 4), 1, id="min-over"),
+    pytest.param({"gang": J, "gang_size": 4, "gang_min": "two"}, _gang(4, 4), 1, id="min-bad"),
+    pytest.param({"gang": J, "gang_size": 4, "gang_min": 0}, _gang(4, 4), 1, id="min-zero"),
+    pytest.param({"gang": J}, None, 1, id="no-size"),
+    pytest.param({"gang": J, "gang_size": "four"}, None, 1, id="size-unreadable"),
+    pytest.param({"gang": J, "gang_size": 0}, None, 1, id="size-zero"),
+    pytest.param({"gang": J, "gang_size": "+4"}, None, 1, id="size-signed"),
     pytest.param({"gang_size": 4, "gang_min": 2}, None, 0, id="no-gang-label"),
     pytest.param({"gang": "", "gang_size": 4}, None, 0, id="empty-gang-label"),
     pytest.param({"gang": "other-team.j", "gang_size": 4}, None, 1, id="other-namespace"),
