@@ -40,7 +40,7 @@ from extender.app import CACHE, SOURCE
 from extender.settings import ExtenderSettings
 from tests.builders import node_json, pod_json
 from tests.certfiles import Material, make_material
-from tests.fakeapi import FakeApiServer, Recorded
+from tests.fakeapi import FakeApiServer, Recorded, write_kubeconfig
 from tests.integration import test_extender_server as extender_tests
 from tests.integration import test_webhook_owners as owner_tests
 from tests.integration.test_extender_server import LEVELS, NOW, bind_args, serving
@@ -95,7 +95,7 @@ class Under:
 @contextlib.asynccontextmanager
 async def extender_on(api: FakeApiServer, folder: Path) -> AsyncIterator[Under]:
     settings = ExtenderSettings(
-        kubeconfig=extender_tests.write_kubeconfig(folder, api),
+        kubeconfig=write_kubeconfig(folder, api, "extender"),
         topology_levels=LEVELS,
         max_cache_age_s=LIMIT_S,
     )
