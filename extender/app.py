@@ -38,11 +38,12 @@ from datetime import datetime
 from operator import attrgetter
 from typing import Protocol
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from cluster import logs, serving
 from cluster.cache import AllocationConflict, ClusterCache
 from cluster.clock import Clock, SystemClock
+from cluster.echo import echo
 from cluster.feed import CacheFeed, run_all
 from cluster.informer import Informer
 from cluster.kube import KubeClient, KubeConfig
@@ -162,6 +163,15 @@ async def _body(request: web.Request) -> bytes | web.Response:
     except web.HTTPRequestEntityTooLarge:
         reason = f"request body exceeds {limit} bytes"
         return _respond(verbs.BAD_REQUEST, wire.encode_bad_request(reason))
+    except web.RequestPayloadError:
+        # aiohttp inflates a Content-Encoding as it reads, and raises when it cannot
+        encoding = echo(request.headers.get(hdrs.CONTENT_ENCODING, "identity"), quote=False)
+        refused = _respond(
+            verbs.BAD_REQUEST, wire.encode_bad_request(f"request body cannot be read as {encoding}")
+        )
+        # the rest of the stream cannot be read either, so the connection ends here
+        refused.force_close()
+        return refused
 
 
 def _not_ready() -> web.Response:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from cluster import jsonio, serving
 from cluster.clock import Clock, SystemClock
+from cluster.echo import echo
 from cluster.files import load_objects
 from cluster.kube import KubeClient, KubeConfig
 from webhook.metrics import WebhookMetrics
@@ -45,6 +46,12 @@ def _bad_request(reason: str) -> web.Response:
     return web.Response(status=400, body=jsonio.dumps(body), content_type=JSON)
 
 
+def unreadable_body(request: web.Request) -> str:
+    """Why a body could not be read: it is not in the encoding it says it is in."""
+    encoding = request.headers.get(hdrs.CONTENT_ENCODING, "identity")
+    return f"request body cannot be read as {echo(encoding, quote=False)}"
+
+
 def mutate_handler(  # noqa: PLR0917 - what the handler binds once, each by its type
     settings: WebhookSettings,
     store: PolicyStore,
@@ -64,6 +71,12 @@ def mutate_handler(  # noqa: PLR0917 - what the handler binds once, each by its 
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _bad_request(f"request body exceeds {limit} bytes")
+        except web.RequestPayloadError:
+            # aiohttp inflates a Content-Encoding as it reads, and raises when it cannot;
+            # the rest of the stream cannot be read either, so the connection ends here
+            refused = _bad_request(unreadable_body(request))
+            refused.force_close()
+            return refused
         start = clock.monotonic()
         outcome = review(body, store.current(), config, owners.view())
         if outcome.unconfirmed is not None:

@@ -21,6 +21,7 @@ import re
 import ssl
 import subprocess
 import sys
+import zlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -545,6 +546,19 @@ async def test_a_body_that_is_no_extender_request_gets_400_with_a_reason(
         status, answer = await ext.post(path, body)
         assert status == 400
         assert reason in answer["Error"]
+        assert (await ext.get("/healthz"))[0] == 200
+
+
+@pytest.mark.parametrize("path", ["/filter", "/prioritize", "/bind", "/preempt"])
+async def test_a_body_that_does_not_inflate_gets_400_not_500(tmp_path: Path, path: str) -> None:
+    """Found by tests/fuzz: aiohttp inflates a gzip body as the handler reads it, and
+    raised out of the handler when it could not (kube-scheduler sends plain JSON)."""
+    settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a")])
+    async with serving(settings, cache=cache, clock=clock) as ext:
+        headers = {"Content-Encoding": "gzip"}
+        status, answer = await ext.post(path, zlib.compress(b"{}"), headers)
+        assert status == 400
+        assert "cannot be read as gzip" in answer["Error"]
         assert (await ext.get("/healthz"))[0] == 200
 
 
