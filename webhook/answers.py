@@ -90,13 +90,18 @@ class Answer:
 
 def answer_key(
     kind: tuple[str, str, str], namespace: str, obj: Mapping[str, Any], settings: object
-) -> tuple[object, ...]:
-    """The memo key of a CREATE review of ``obj`` (see the module's docstring)."""
+) -> tuple[object, ...] | None:
+    """The memo key of a CREATE review of ``obj`` (see the module's docstring); ``None``
+    for an object that cannot be written as JSON again (nested deeper than
+    ``jsonio.WRITE_DEPTH_LIMIT``): no template is like that, so it is judged afresh."""
     metadata = obj.get("metadata")
     if isinstance(metadata, Mapping) and not IDENTITY_FIELDS.isdisjoint(metadata):
         described = {k: v for k, v in metadata.items() if k not in IDENTITY_FIELDS}
         obj = {**obj, "metadata": described}
-    return (kind, namespace, settings, jsonio.dumps(obj))
+    try:
+        return (kind, namespace, settings, jsonio.dumps(obj))
+    except jsonio.JsonEncodeError:
+        return None
 
 
 def keep(
