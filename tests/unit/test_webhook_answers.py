@@ -5,6 +5,7 @@ that never saw it gives, with its own gang id; denials and updates are never kep
 from __future__ import annotations
 
 import base64
+import tracemalloc
 from dataclasses import replace
 from typing import Any
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from cluster import jsonio, labels
 from tests.unit.test_webhook_patch import jobs
 from tests.unit.test_webhook_rules import CONFIG, POLICY, job
-from webhook.answers import ANSWERS_KEPT
+from webhook.answers import ANSWER_PATCH_BYTES_KEPT, ANSWERS_KEPT
 from webhook.patch import apply_patch, diff
 from webhook.policy import Allowed, admit
 from webhook.queues import Policy
@@ -171,4 +172,47 @@ def test_an_object_too_deep_to_write_again_is_judged_by_the_rules(depth: int) ->
     outcome = review(body, policy, CONFIG)
     assert outcome.status == 200
     assert outcome.body == _by_the_rules(body, _fresh())
+    assert not policy.answers
+
+
+def test_the_memo_keeps_a_digest_of_each_object_not_the_object() -> None:
+    """Found by tests/fuzz: the memo's key held each object written as JSON, so 1,024
+    distinct allowed Jobs of 1 MB (kube-apiserver lets an object be 1.5 MiB) kept more
+    than a gigabyte alive for as long as the policy lasted."""
+    policy = _fresh()
+    review(_body(job(name="warm-up"), "uid-0"), policy, CONFIG)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(32):
+            blob = [{"name": "BLOB", "value": f"{n:04d}" + "x" * 1_000_000}]
+            outcome = review(_body(job(name="train", env=blob), f"uid-{n}"), policy, CONFIG)
+            assert outcome.answer == "computed"
+            del outcome, blob
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(policy.answers) == 33
+    assert grown < 1024 * 1024, f"{grown} bytes kept for 32 answers"
+
+
+def test_an_answer_whose_patch_repeats_much_of_the_object_is_given_but_not_kept() -> None:
+    """The patch can carry what the user wrote (their node affinity, merged with the
+    flavors'): an answer whose patch is larger than ``ANSWER_PATCH_BYTES_KEPT`` is not
+    kept, so the memo holds at most that much per answer."""
+    values = ["zone-" + "a" * 100_000]
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": values}]}
+                ]
+            }
+        }
+    }
+    body = _body(job(name="train", affinity=affinity), "uid-1")
+    policy = _fresh()
+    outcome = review(body, policy, CONFIG)
+    assert outcome.body == _by_the_rules(body, _fresh())
+    assert len(outcome.body) > ANSWER_PATCH_BYTES_KEPT
     assert not policy.answers
