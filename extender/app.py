@@ -169,8 +169,10 @@ async def _body(request: web.Request) -> bytes | web.Response:
         refused = _respond(
             verbs.BAD_REQUEST, wire.encode_bad_request(f"request body cannot be read as {encoding}")
         )
-        # the rest of the stream cannot be read either, so the connection ends here
+        # the rest of the stream cannot be read either, so the connection ends here;
+        # nothing more is read: aiohttp would drain the rest and log the same error
         refused.force_close()
+        request.content.feed_eof()
         return refused
 
 

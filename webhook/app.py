@@ -73,9 +73,11 @@ def mutate_handler(  # noqa: PLR0917 - what the handler binds once, each by its 
             return _bad_request(f"request body exceeds {limit} bytes")
         except web.RequestPayloadError:
             # aiohttp inflates a Content-Encoding as it reads, and raises when it cannot;
-            # the rest of the stream cannot be read either, so the connection ends here
+            # the rest of the stream cannot be read either, so the connection ends here;
+            # nothing more is read: aiohttp would drain the rest and log the same error
             refused = _bad_request(unreadable_body(request))
             refused.force_close()
+            request.content.feed_eof()
             return refused
         start = clock.monotonic()
         outcome = review(body, store.current(), config, owners.view())

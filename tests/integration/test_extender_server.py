@@ -550,7 +550,9 @@ async def test_a_body_that_is_no_extender_request_gets_400_with_a_reason(
 
 
 @pytest.mark.parametrize("path", ["/filter", "/prioritize", "/bind", "/preempt"])
-async def test_a_body_that_does_not_inflate_gets_400_not_500(tmp_path: Path, path: str) -> None:
+async def test_a_body_that_does_not_inflate_gets_400_not_500(
+    tmp_path: Path, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """Found by tests/fuzz: aiohttp inflates a gzip body as the handler reads it, and
     raised out of the handler when it could not (kube-scheduler sends plain JSON)."""
     settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a")])
@@ -560,6 +562,7 @@ async def test_a_body_that_does_not_inflate_gets_400_not_500(tmp_path: Path, pat
         assert status == 400
         assert "cannot be read as gzip" in answer["Error"]
         assert (await ext.get("/healthz"))[0] == 200
+    assert [r.message for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 @pytest.mark.parametrize(

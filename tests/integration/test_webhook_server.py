@@ -9,6 +9,7 @@ import asyncio
 import base64
 import gzip
 import io
+import logging
 import re
 import ssl
 import subprocess
@@ -174,7 +175,7 @@ async def test_a_10_mb_body_is_refused_quickly_and_the_server_lives_on(server: S
     ],
 )
 async def test_a_body_that_does_not_inflate_gets_400_not_500(
-    server: Server, encoding: str, body: bytes
+    server: Server, encoding: str, body: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Found by tests/fuzz: aiohttp inflates the body as the handler reads it, and
     raised out of the handler when it could not."""
@@ -191,6 +192,7 @@ async def test_a_body_that_does_not_inflate_gets_400_not_500(
     assert answer["kind"] == "Status"
     assert f"cannot be read as {encoding}" in answer["message"]
     assert (await server.get("/healthz"))[0] == 200
+    assert [r.message for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_not_ready_until_the_policy_is_synced(material: Material) -> None:
