@@ -565,6 +565,24 @@ async def test_a_body_that_does_not_inflate_gets_400_not_500(
     assert [r.message for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
+async def test_full_nodes_nested_deeper_than_the_answer_can_repeat_get_400(
+    tmp_path: Path,
+) -> None:
+    """Found by tests/fuzz: the answer to a /filter with full Nodes repeats the fitting
+    items as received, and orjson writes at most 254 levels of nesting though it reads
+    1024; such a node was a 500."""
+    settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a")])
+    node = node_json("gpu-a")
+    node["status"]["nested"] = "nested-here"
+    body = wire.encode_extender_args(pod_json("train-0", gpus=1), nodes=[node])
+    body = body.replace(jsonio.dumps("nested-here"), b"[" * 300 + b"]" * 300)
+    async with serving(settings, cache=cache, clock=clock) as ext:
+        status, answer = await ext.post("/filter", body)
+        assert status == 400
+        assert "nested more than 254 levels" in answer["Error"]
+        assert (await ext.get("/healthz"))[0] == 200
+
+
 @pytest.mark.parametrize(
     ("path", "body", "expected"),
     [
