@@ -351,7 +351,8 @@ def _victim(raw: Mapping[str, Any], node: str, what: str) -> Victim:
     if not isinstance(metadata, Mapping):
         raise BadRequest(f"the body is not an {what}: a victim on {node} has no metadata")
     uid, name, namespace = metadata.get("uid"), metadata.get("name"), metadata.get("namespace")
-    key = pod_key(namespace or "default", name) if isinstance(name, str) and name else None
+    namespace = namespace if isinstance(namespace, str) and namespace else "default"
+    key = pod_key(namespace, name) if isinstance(name, str) and name else None
     return Victim(uid if isinstance(uid, str) else "", key)
 
 

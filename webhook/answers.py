@@ -98,20 +98,17 @@ class Answer:
 
 def answer_key(
     kind: tuple[str, str, str], namespace: str, obj: Mapping[str, Any], settings: object
-) -> tuple[object, ...] | None:
-    """The memo key of a CREATE review of ``obj`` (see the module's docstring); ``None``
-    for an object that cannot be written as JSON again (nested deeper than
-    ``jsonio.WRITE_DEPTH_LIMIT``): no template is like that, so it is judged afresh."""
+) -> tuple[object, ...]:
+    """The memo key of a CREATE review of ``obj`` (see the module's docstring);
+    ``jsonio.JsonEncodeError`` for an object nested deeper than
+    ``jsonio.WRITE_DEPTH_LIMIT``, which the caller refuses."""
     metadata = obj.get("metadata")
     if isinstance(metadata, Mapping) and not IDENTITY_FIELDS.isdisjoint(metadata):
         described = {k: v for k, v in metadata.items() if k not in IDENTITY_FIELDS}
         obj = {**obj, "metadata": described}
-    try:
-        text = jsonio.dumps(obj)
-    except jsonio.JsonEncodeError:
-        return None
     # an object may be as large as kube-apiserver allows (1.5 MiB): keep a digest of it
-    return (kind, namespace, settings, hashlib.blake2b(text, digest_size=32).digest())
+    digest = hashlib.blake2b(jsonio.dumps(obj), digest_size=32).digest()
+    return (kind, namespace, settings, digest)
 
 
 def keep(

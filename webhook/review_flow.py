@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from cluster import jsonio
 from cluster.echo import echo
 from webhook.answers import GANG_ID_PLACEHOLDER, Answer, answer_key, keep
 from webhook.owners import NO_OWNERS, OwnerKey, OwnerView, claims_job_owner
@@ -77,13 +78,40 @@ def review(
     try:
         request = decode_review(body)
     except BadReview as exc:
-        return ReviewOutcome(
-            400,
-            encode_status(400, "BadRequest", f"malformed AdmissionReview: {exc}"),
-            decision="malformed",
-            reason="bad-review",
-        )
+        return _malformed(str(exc))
+    try:
+        return _decide(request, policy, config, owners)
+    except jsonio.JsonEncodeError:
+        return _malformed(_TOO_DEEP)
+
+
+_TOO_DEEP: Final = (
+    f"the object is nested more than {jsonio.WRITE_DEPTH_LIMIT} levels deep: no Kubernetes "
+    "object is, and the answer could not repeat its parts"
+)
+
+
+def _malformed(reason: str) -> ReviewOutcome:
+    return ReviewOutcome(
+        400,
+        encode_status(400, "BadRequest", f"malformed AdmissionReview: {reason}"),
+        decision="malformed",
+        reason="bad-review",
+    )
+
+
+def _decide(
+    request: ReviewRequest, policy: Policy, config: AdmitConfig, owners: OwnerView
+) -> ReviewOutcome:
+    """The answer to a decoded review; ``jsonio.JsonEncodeError`` for an object nested
+    deeper than JSON can be written, which no rule may read: its values would be too deep
+    for Python's ``repr`` in a message (about 1000 levels; orjson reads 1024)."""
     key = _memo_key(request, config)
+    if key is None:
+        # the memo key writes the object already; anything else is written here once
+        for obj in (request.object, request.old_object):
+            if obj is not None:
+                jsonio.dumps(obj)
     if key is not None:
         kept = policy.answers.get(key)
         if kept is not None:
