@@ -22,6 +22,7 @@ webhook has no side effects to skip.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -168,8 +169,9 @@ def _kind_label(request: ReviewRequest) -> str:
 
 def _memo_key(request: ReviewRequest, config: AdmitConfig) -> tuple[object, ...] | None:
     """The ``webhook.answers`` key of a CREATE of a workload; ``None`` for anything else,
-    and for an object that names a Job or JobSet owner: its answer also depends on who
-    sent it and on what exists, which the key does not hold."""
+    for an object that names a Job or JobSet owner (its answer also depends on who sent
+    it and on what exists, which the key does not hold), and for one whose name is not
+    a string (the key leaves names out; the rules deny it)."""
     obj = request.object
     if (
         request.operation != "CREATE"
@@ -177,10 +179,18 @@ def _memo_key(request: ReviewRequest, config: AdmitConfig) -> tuple[object, ...]
         or request.sub_resource
         or request.workload_kind is None
         or claims_job_owner(obj)
+        or not _names_are_strings(obj)
     ):
         return None
     kind = request.kind
     return answer_key((kind.group, kind.version, kind.kind), request.namespace, obj, config)
+
+
+def _names_are_strings(obj: Mapping[str, Any]) -> bool:
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return True
+    return all(isinstance(metadata.get(field) or "", str) for field in ("name", "generateName"))
 
 
 def _answer(request: ReviewRequest, answer: Answer, source: str) -> ReviewOutcome:

@@ -63,6 +63,8 @@ TEMPLATE = (*OBJECT, "spec", "template", "spec")
     ("case", "path"),
     [
         ("job-capture", (*OBJECT, "spec", "parallelism")),
+        ("job-capture", (*OBJECT, "metadata", "generateName")),
+        ("job-gang-named", (*OBJECT, "metadata", "name")),
         ("job-capture", (*TEMPLATE, "containers", 0, "resources", "limits", "nvidia.com/gpu")),
         ("job-reinvoked", (*OBJECT, "spec", "activeDeadlineSeconds")),
         ("job-flavor-user-affinity", (*TEMPLATE, "tolerations")),

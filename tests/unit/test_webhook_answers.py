@@ -9,6 +9,7 @@ import tracemalloc
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -199,3 +200,20 @@ def test_an_answer_whose_patch_repeats_much_of_the_object_is_given_but_not_kept(
     assert outcome.body == _by_the_rules(body, _fresh())
     assert len(outcome.body) > ANSWER_PATCH_BYTES_KEPT
     assert not policy.answers
+
+
+@pytest.mark.parametrize("field", ["name", "generateName"])
+def test_an_object_whose_name_is_not_a_string_is_denied_even_after_one_like_it(
+    field: str,
+) -> None:
+    """Found by fuzzing: the memo's key leaves the name out, so a Job named ``7`` got
+    the answer kept for a Job like it, and a name nested 1,000 deep a 500 from making
+    its gang id. The rules deny it; so does the memo."""
+    policy = _fresh()
+    first = review(_body(job(name="train"), "uid-1"), policy, CONFIG)
+    assert first.decision == "mutated"
+    odd = job(name=None)
+    odd["metadata"][field] = 7
+    outcome = review(_body(odd, "uid-2"), policy, CONFIG)
+    assert outcome.decision == "denied"
+    assert f"metadata.{field} is not a string" in outcome.body.decode()
