@@ -21,6 +21,7 @@ from tests.fuzz import strategies as hostile
 from tests.fuzz.extender_server import (
     GOLDEN,
     NODE_NAMES,
+    PODS,
     Extender,
     check_answer,
     fresh_version,
@@ -122,6 +123,51 @@ def test_candidate_names(extender: Extender) -> None:
                     assert [e["Host"] for e in answer.json()] == names
 
             run.send(extender.client, verb, body, check)
+
+        one()
+
+
+_UIDS: Final = tuple(p["metadata"]["uid"] for p in PODS)
+
+
+@st.composite
+def _proposals(draw: st.DrawFn) -> dict[str, Any]:
+    """Victims per node as kube-scheduler proposes them (``NodeNameToMetaVictims``):
+    known and unknown nodes, victims that run there, elsewhere or nowhere, repeated,
+    or thousands of nodes."""
+    victims = st.lists(
+        st.one_of(st.sampled_from(_UIDS), st.sampled_from(["", "0", "no-such-pod"])).map(
+            lambda uid: {"UID": uid}
+        ),
+        max_size=6,
+    )
+    meta = st.fixed_dictionaries(
+        {"Pods": victims, "NumPDBViolations": st.sampled_from([0, 1, -1, 2**31])}
+    )
+    if draw(st.integers(0, 19)) == 0:
+        return {f"node-{i}": {"Pods": [], "NumPDBViolations": 0} for i in range(5_000)}
+    return draw(st.dictionaries(_NAME, meta, max_size=10))
+
+
+def test_preemption_proposals(extender: Extender) -> None:
+    """``/preempt`` for the golden pods, with proposals of nodes and victims that may
+    not exist: the answer keeps only nodes proposed, and says nothing of others."""
+    bodies = [
+        jsonio.loads((GOLDEN / f"{case}.request.json").read_bytes())["body"]
+        for case in ("cache-preempt", "cache-filter-share", "cache-filter-gang-member")
+    ]
+    with measured("/preempt proposals") as run:
+
+        @profile()
+        @given(pod=st.sampled_from([b["Pod"] for b in bodies]), proposals=_proposals())
+        def one(pod: dict[str, Any], proposals: dict[str, Any]) -> None:
+            body = jsonio.dumps({"Pod": pod, "NodeNameToMetaVictims": proposals})
+
+            def check(answer: Answer) -> None:
+                check_answer("/preempt", body, answer)
+                assert answer.status == 200
+
+            run.send(extender.client, "/preempt", body, check)
 
         one()
 
