@@ -846,6 +846,8 @@ def _phase(status: Mapping[str, Any], problems: list[str]) -> PodPhase:
     if value is None or value == "":
         return PodPhase.PENDING
     try:
+        if not isinstance(value, str):
+            raise ValueError(value)  # the enum's own error would repr it whole
         return PodPhase(value)
     except ValueError:
         problems.append(f"status.phase={echo(value)} is not a pod phase; treated as Unknown")

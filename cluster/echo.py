@@ -20,7 +20,7 @@ def echo(value: object, *, quote: bool = True, limit: int = ECHO_LIMIT) -> str:
     """``value`` as a message repeats it: ``repr`` (or the text itself, ``quote=False``)
     of at most ``limit`` characters; a longer one is cut and says how long it was:
     ``'aaaa…' (60000 characters)``."""
-    text = value if isinstance(value, str) else repr(value)
+    text = value if isinstance(value, str) else _repr(value)
     if len(text) <= limit:
         return repr(text) if quote and isinstance(value, str) else text
     head = text[:limit]
@@ -28,3 +28,11 @@ def echo(value: object, *, quote: bool = True, limit: int = ECHO_LIMIT) -> str:
         quoted = repr(head)
         return f"{quoted[:-1]}…{quoted[-1]} ({len(text)} characters)"
     return f"{head}… ({len(text)} characters)"
+
+
+def _repr(value: object) -> str:
+    try:
+        return repr(value)
+    except RecursionError:
+        # JSON is read up to 1024 levels deep; repr gives up near Python's recursion limit
+        return f"a {type(value).__name__} nested too deeply to show"

@@ -6,13 +6,23 @@ the codec, its options and its error type are chosen once.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
 
 class JsonError(ValueError):
     """The bytes were not JSON; the message says where."""
+
+
+WRITE_DEPTH_LIMIT: Final = 254
+"""Levels of nesting ``dumps`` writes. ``loads`` reads up to 1024, so a value read from a
+request can be one that cannot be written back: whoever writes one must expect
+``JsonEncodeError``."""
+
+
+class JsonEncodeError(TypeError):
+    """The value cannot be written as JSON (nested deeper than ``WRITE_DEPTH_LIMIT``)."""
 
 
 def loads(data: bytes | bytearray | memoryview | str) -> Any:
@@ -23,8 +33,12 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
 
 
 def dumps(value: Any) -> bytes:
-    """Compact JSON bytes; dataclasses, datetimes and enums are encoded natively."""
-    return orjson.dumps(value)
+    """Compact JSON bytes; dataclasses, datetimes and enums are encoded natively.
+    ``JsonEncodeError`` for what JSON cannot hold or orjson cannot write."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        raise JsonEncodeError(f"cannot be written as JSON: {exc}") from None
 
 
 def dumps_pretty(value: Any) -> bytes:

@@ -36,7 +36,7 @@ from itertools import accumulate
 from typing import Any
 
 import uvloop
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
@@ -44,6 +44,7 @@ from prometheus_client.registry import Collector
 
 from cluster import heap, logs
 from cluster.clock import Clock, SystemClock
+from cluster.echo import echo
 from cluster.guard import ConnectionGuard, TimeoutOf
 from cluster.serving_settings import Limits, ServingSettings
 from cluster.tls import CertReloader
@@ -185,6 +186,42 @@ def add_probes(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app[EXPOSITION] = exposition
+
+
+class BodyRefused(Exception):
+    """A request body the handler does not read to the end; ``reason`` says why, for the
+    400 each server writes in its own wire shape; with ``close``, the rest of the stream
+    cannot be read, so the answer must close the connection."""
+
+    def __init__(self, reason: str, *, close: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.close = close
+
+
+async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The whole request body, inflated as its Content-Encoding says, or ``BodyRefused``.
+
+    The guard's body deadline ends a body whose bytes stop coming; this one also ends a
+    read that aiohttp never finishes although every byte came (a deflate stream cut short
+    inside its last chunk: the inflater waits for an end that will not come), which would
+    otherwise hold a slot of ``--max-in-flight`` for good."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise BodyRefused(f"request body of {length} bytes exceeds {limit}", close=False)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise BodyRefused(f"request body exceeds {limit} bytes", close=False) from None
+    except web.RequestPayloadError:
+        encoding = echo(request.headers.get(hdrs.CONTENT_ENCODING, "identity"), quote=False)
+        reason = f"request body cannot be read as {encoding}"
+    except TimeoutError:
+        reason = f"request body not read to its end within {timeout_s:g} s"
+    # nothing more is read: aiohttp would drain the rest and log the same error
+    request.content.feed_eof()
+    raise BodyRefused(reason, close=True)
 
 
 def metrics_app(exposition: Callable[[], bytes], clock: Clock) -> web.Application:

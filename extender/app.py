@@ -187,16 +187,15 @@ def _respond(status: int, body: bytes) -> web.Response:
 
 
 async def _body(request: web.Request) -> bytes | web.Response:
-    """The request body, or the 400 to answer when it is too large to read."""
-    limit = request.app[SETTINGS].max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        reason = f"request body of {request.content_length} bytes exceeds {limit}"
-        return _respond(verbs.BAD_REQUEST, wire.encode_bad_request(reason))
+    """The request body, or the 400 to answer when it cannot be read."""
+    settings = request.app[SETTINGS]
     try:
-        return await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        reason = f"request body exceeds {limit} bytes"
-        return _respond(verbs.BAD_REQUEST, wire.encode_bad_request(reason))
+        return await serving.read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+    except serving.BodyRefused as refused:
+        answer = _respond(verbs.BAD_REQUEST, wire.encode_bad_request(refused.reason))
+        if refused.close:
+            answer.force_close()
+        return answer
 
 
 def _not_ready() -> web.Response:

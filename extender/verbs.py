@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from cluster import jsonio
 from cluster.model import NodeName, PodInfo, PodKey
 from cluster.snapshot import Snapshot
 from extender import decide, wire
@@ -84,6 +85,10 @@ def stale_reply(verb: str, reason: str) -> Reply:
 
 
 _NO_CANDIDATES = "the request names no nodes: Nodes and NodeNames are both null"
+_TOO_DEEP = (
+    f"a node in Nodes is nested more than {jsonio.WRITE_DEPTH_LIMIT} levels deep: "
+    "the answer, which repeats the fitting nodes, cannot hold it"
+)
 
 
 def handle_filter(
@@ -111,7 +116,12 @@ def handle_filter(
         )
     else:
         return Reply(OK, wire.encode_filter_error(_NO_CANDIDATES), note=_NO_CANDIDATES)
-    return Reply(OK, wire.encode_filter(args, outcome), outcome=outcome)
+    try:
+        answer = wire.encode_filter(args, outcome)
+    except jsonio.JsonEncodeError:
+        # the answer repeats the fitting Nodes as received: one can be read, not written
+        return _bad(_TOO_DEEP)
+    return Reply(OK, answer, outcome=outcome)
 
 
 def handle_prioritize(

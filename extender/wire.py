@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from cluster import jsonio
 from cluster.convert import ConversionError, pod_from_json
+from cluster.echo import echo
 from cluster.model import NodeName, PodInfo, PodKey, pod_key
 from extender.decide import FilterOutcome, NodeVictims, Victim
 
@@ -220,11 +221,12 @@ def _json_type(value: Any) -> str:
 
 
 def _first_error(exc: ValidationError) -> str:
-    errors = exc.errors(include_url=False)
+    errors = exc.errors(include_url=False, include_input=False)
     first = errors[0]
-    where = ".".join(str(part) for part in first["loc"]) or "the body"
+    # a location can hold a key the client chose (a node name in the victims' map)
+    where = echo(".".join(str(part) for part in first["loc"]) or "the body", quote=False)
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{where}: {first['msg']}{more}"
+    return f"{where}: {echo(first['msg'], quote=False)}{more}"
 
 
 class RecentPods(Mapping[str, PodInfo]):
@@ -351,7 +353,8 @@ def _victim(raw: Mapping[str, Any], node: str, what: str) -> Victim:
     if not isinstance(metadata, Mapping):
         raise BadRequest(f"the body is not an {what}: a victim on {node} has no metadata")
     uid, name, namespace = metadata.get("uid"), metadata.get("name"), metadata.get("namespace")
-    key = pod_key(namespace or "default", name) if isinstance(name, str) and name else None
+    namespace = namespace if isinstance(namespace, str) and namespace else "default"
+    key = pod_key(namespace, name) if isinstance(name, str) and name else None
     return Victim(uid if isinstance(uid, str) else "", key)
 
 

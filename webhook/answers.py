@@ -12,10 +12,12 @@ denials. So an object whose content, identity left out, is one seen before under
 same policy and settings gets the same patch and warnings, with its own gang id.
 
 * The key (``answer_key``): the kind and namespace the request declares, the settings,
-  and the object encoded with ``metadata``'s identity fields left out (name,
-  generateName, uid, resourceVersion, creationTimestamp, generation, managedFields,
-  selfLink). Anything else the object carries, read by a rule or not, is in it: a
-  different object is a different key, so a kept answer is never wrong, only unused.
+  and a 256-bit BLAKE2b digest of the object encoded with ``metadata``'s identity fields
+  left out (name, generateName, uid, resourceVersion, creationTimestamp, generation,
+  managedFields, selfLink): objects can be megabytes, and the memo holds many. Anything
+  else the object carries, read by a rule or not, is in it: a different object is a
+  different key (a collision of 256-bit digests is out of reach), so a kept answer is
+  never wrong, only unused.
 * The gang id: the rules run with ``GANG_ID_PLACEHOLDER`` in its place; the places it
   lands in the patch are found by object identity (a string object no request can
   produce) and filled with the request's own id when the answer is given.
@@ -23,11 +25,13 @@ same policy and settings gets the same patch and warnings, with its own gang id.
   answer reads the stored object too.
 
 The memo lives on the ``Policy`` it was computed under (``Policy.answers``), so a policy
-change starts afresh; it holds at most ``ANSWERS_KEPT`` answers.
+change starts afresh; it holds at most ``ANSWERS_KEPT`` answers, each with a patch of at
+most ``ANSWER_PATCH_BYTES_KEPT``.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -38,6 +42,10 @@ from webhook.patch import JsonPatch
 
 ANSWERS_KEPT: Final = 1024
 """Answers a policy keeps before it starts over: distinct Job templates in use."""
+ANSWER_PATCH_BYTES_KEPT: Final = 8 * 1024
+"""Largest patch, written as JSON, of an answer kept: four times the largest the golden
+cases show (2 KB, a flavor affinity merged with the user's). A patch can repeat what the
+user wrote; with the key a digest, this bounds the memo at about 40 MB."""
 
 IDENTITY_FIELDS: Final = frozenset(
     {
@@ -91,12 +99,16 @@ class Answer:
 def answer_key(
     kind: tuple[str, str, str], namespace: str, obj: Mapping[str, Any], settings: object
 ) -> tuple[object, ...]:
-    """The memo key of a CREATE review of ``obj`` (see the module's docstring)."""
+    """The memo key of a CREATE review of ``obj`` (see the module's docstring);
+    ``jsonio.JsonEncodeError`` for an object nested deeper than
+    ``jsonio.WRITE_DEPTH_LIMIT``, which the caller refuses."""
     metadata = obj.get("metadata")
     if isinstance(metadata, Mapping) and not IDENTITY_FIELDS.isdisjoint(metadata):
         described = {k: v for k, v in metadata.items() if k not in IDENTITY_FIELDS}
         obj = {**obj, "metadata": described}
-    return (kind, namespace, settings, jsonio.dumps(obj))
+    # an object may be as large as kube-apiserver allows (1.5 MiB): keep a digest of it
+    digest = hashlib.blake2b(jsonio.dumps(obj), digest_size=32).digest()
+    return (kind, namespace, settings, digest)
 
 
 def keep(
@@ -109,15 +121,19 @@ def keep(
     reason: str,
     queue: str,
 ) -> Answer:
-    """Remember an allowed answer whose patch was made with ``GANG_ID_PLACEHOLDER``."""
+    """Remember an allowed answer whose patch was made with ``GANG_ID_PLACEHOLDER``,
+    unless its patch is larger than ``ANSWER_PATCH_BYTES_KEPT``; the answer either way."""
+    written = [jsonio.dumps(op.get("value")) for op in patch]
     holes = tuple(
         (index, path)
-        for index, op in enumerate(patch)
+        for index, (op, text) in enumerate(zip(patch, written, strict=True))
         # the text first (cheap, and absent from most values), then the object itself
-        if _PLACEHOLDER_TEXT in jsonio.dumps(op.get("value"))
+        if _PLACEHOLDER_TEXT in text
         for path in _holes(op.get("value"), ())
     )
     answer = Answer(patch, holes, tuple(warnings), decision, reason, queue)
+    if sum(map(len, written)) > ANSWER_PATCH_BYTES_KEPT:
+        return answer
     if len(memo) >= ANSWERS_KEPT:
         memo.clear()
     memo[key] = answer

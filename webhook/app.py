@@ -82,13 +82,13 @@ def mutate_handler(  # noqa: PLR0917 - what the handler binds once, each by its 
     limit = settings.max_body_bytes
 
     async def mutate(request: web.Request) -> web.Response:
-        length = request.content_length
-        if length is not None and length > limit:
-            return _bad_request(f"request body of {length} bytes exceeds {limit}")
         try:
-            body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return _bad_request(f"request body exceeds {limit} bytes")
+            body = await serving.read_body(request, limit, settings.body_timeout_s)
+        except serving.BodyRefused as refused:
+            answer = _bad_request(refused.reason)
+            if refused.close:
+                answer.force_close()
+            return answer
         late = guard.answer_if_late(request)
         if late is not None:
             return late

@@ -162,7 +162,11 @@ class Draft:
         parent = self._container(path[:-1])
         key: Any = path[-1]
         if type(parent) is list:
-            key = int(key)
+            if type(key) is str and key.isdecimal():
+                key = int(key)
+            # a list where a map was expected: the user's object has the wrong shape
+            if type(key) is not int or not 0 <= key < len(parent):
+                raise PatchError(f"{pointer(path[:-1])} is a list, not an object")
             child = parent[key]
         elif type(parent) is dict:
             child = parent.get(key)

@@ -89,7 +89,7 @@ from webhook.owners import (
     OwnerView,
     judge_owner,
 )
-from webhook.patch import Draft, PatchError, clone
+from webhook.patch import Draft, PatchError, clone, pointer
 from webhook.queues import (
     ClusterQueue,
     Flavor,
@@ -410,6 +410,17 @@ def _implies(term: Mapping[str, Any], flavor_term: Mapping[str, Any]) -> bool:
     return all(expr in have for expr in flavor_term["matchExpressions"])
 
 
+def _check_terms(terms: object, where: Path) -> list[Any]:
+    """The user's ``nodeSelectorTerms``, each with its ``matchExpressions`` a list
+    (kube-apiserver decodes them so; a client of our own port may not)."""
+    if not isinstance(terms, list):
+        raise WorkloadError(f"{pointer(where)} is not a list")
+    for index, term in enumerate(terms):
+        if isinstance(term, Mapping) and not isinstance(term.get("matchExpressions") or [], list):
+            raise WorkloadError(f"{pointer((*where, index, 'matchExpressions'))} is not a list")
+    return terms
+
+
 _REQUIRED: Final = ("affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution")
 
 
@@ -417,7 +428,8 @@ def merge_required_affinity(
     out: Draft, spec_path: Path, flavor_terms: Sequence[Mapping[str, Any]]
 ) -> None:
     """AND the flavor terms (ORed among themselves) into a pod spec's required node affinity."""
-    existing = out.get((*spec_path, *_REQUIRED, "nodeSelectorTerms")) or []
+    where = (*spec_path, *_REQUIRED, "nodeSelectorTerms")
+    existing = _check_terms(out.get(where) or [], where)
     if not existing:
         out.node((*spec_path, *_REQUIRED))["nodeSelectorTerms"] = clone(list(flavor_terms))
         return

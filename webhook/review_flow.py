@@ -22,9 +22,11 @@ webhook has no side effects to skip.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from cluster import jsonio
 from cluster.echo import echo
 from webhook.answers import GANG_ID_PLACEHOLDER, Answer, answer_key, keep
 from webhook.owners import NO_OWNERS, OwnerKey, OwnerView, claims_job_owner
@@ -77,13 +79,40 @@ def review(
     try:
         request = decode_review(body)
     except BadReview as exc:
-        return ReviewOutcome(
-            400,
-            encode_status(400, "BadRequest", f"malformed AdmissionReview: {exc}"),
-            decision="malformed",
-            reason="bad-review",
-        )
+        return _malformed(str(exc))
+    try:
+        return _decide(request, policy, config, owners)
+    except jsonio.JsonEncodeError:
+        return _malformed(_TOO_DEEP)
+
+
+_TOO_DEEP: Final = (
+    f"the object is nested more than {jsonio.WRITE_DEPTH_LIMIT} levels deep: no Kubernetes "
+    "object is, and the answer could not repeat its parts"
+)
+
+
+def _malformed(reason: str) -> ReviewOutcome:
+    return ReviewOutcome(
+        400,
+        encode_status(400, "BadRequest", f"malformed AdmissionReview: {reason}"),
+        decision="malformed",
+        reason="bad-review",
+    )
+
+
+def _decide(
+    request: ReviewRequest, policy: Policy, config: AdmitConfig, owners: OwnerView
+) -> ReviewOutcome:
+    """The answer to a decoded review; ``jsonio.JsonEncodeError`` for an object nested
+    deeper than JSON can be written, which no rule may read: its values would be too deep
+    for Python's ``repr`` in a message (about 1000 levels; orjson reads 1024)."""
     key = _memo_key(request, config)
+    if key is None:
+        # the memo key writes the object already; anything else is written here once
+        for obj in (request.object, request.old_object):
+            if obj is not None:
+                jsonio.dumps(obj)
     if key is not None:
         kept = policy.answers.get(key)
         if kept is not None:
@@ -140,8 +169,9 @@ def _kind_label(request: ReviewRequest) -> str:
 
 def _memo_key(request: ReviewRequest, config: AdmitConfig) -> tuple[object, ...] | None:
     """The ``webhook.answers`` key of a CREATE of a workload; ``None`` for anything else,
-    and for an object that names a Job or JobSet owner: its answer also depends on who
-    sent it and on what exists, which the key does not hold."""
+    for an object that names a Job or JobSet owner (its answer also depends on who sent
+    it and on what exists, which the key does not hold), and for one whose name is not
+    a string (the key leaves names out; the rules deny it)."""
     obj = request.object
     if (
         request.operation != "CREATE"
@@ -149,10 +179,18 @@ def _memo_key(request: ReviewRequest, config: AdmitConfig) -> tuple[object, ...]
         or request.sub_resource
         or request.workload_kind is None
         or claims_job_owner(obj)
+        or not _names_are_strings(obj)
     ):
         return None
     kind = request.kind
     return answer_key((kind.group, kind.version, kind.kind), request.namespace, obj, config)
+
+
+def _names_are_strings(obj: Mapping[str, Any]) -> bool:
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, Mapping):
+        return True
+    return all(isinstance(metadata.get(field) or "", str) for field in ("name", "generateName"))
 
 
 def _answer(request: ReviewRequest, answer: Answer, source: str) -> ReviewOutcome:

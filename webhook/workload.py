@@ -336,8 +336,9 @@ def _dotted(path: Path) -> str:
     return pointer(path)[1:].replace("/", ".")
 
 
-def _all_strings(mapping: dict[str, Any]) -> bool:
-    return all(type(item) is str for item in mapping.values())
+def _all_strings(mapping: object) -> bool:
+    """A map of strings to strings, as labels and annotations must be."""
+    return type(mapping) is dict and all(type(item) is str for item in mapping.values())
 
 
 def _demand(spec: Mapping[str, Any], where: Callable[[], str]) -> PodDemand:

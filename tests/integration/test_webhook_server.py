@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gzip
 import io
+import logging
 import re
 import signal
 import ssl
 import subprocess
 import sys
+import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,6 +187,35 @@ async def test_a_10_mb_body_is_refused_quickly_and_the_server_lives_on(server: S
     assert "exceeds" in answer["message"]
     status, _ = await server.get("/healthz")
     assert status == 200
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body"),
+    [
+        pytest.param("gzip", zlib.compress(b"{}"), id="deflate-sent-as-gzip"),
+        pytest.param("gzip", gzip.compress(b"{}")[:10] + b"\xff" * 8, id="gzip-spoiled"),
+        pytest.param("deflate", b"not deflate", id="not-deflate"),
+    ],
+)
+async def test_a_body_that_does_not_inflate_gets_400_not_500(
+    server: Server, encoding: str, body: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found by tests/fuzz: aiohttp inflates the body as the handler reads it, and
+    raised out of the handler when it could not."""
+    async with server.session.post(
+        server.url + "/mutate",
+        data=body,
+        headers={"Content-Type": "application/json", "Content-Encoding": encoding},
+        compress=False,
+    ) as response:
+        status, answer = response.status, jsonio.loads(await response.read())
+        # what is left of the stream cannot be read: the client must not send more on it
+        assert response.headers["Connection"] == "close"
+    assert status == 400
+    assert answer["kind"] == "Status"
+    assert f"cannot be read as {encoding}" in answer["message"]
+    assert (await server.get("/healthz"))[0] == 200
+    assert [r.message for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 async def test_not_ready_until_the_policy_is_synced(material: Material) -> None:

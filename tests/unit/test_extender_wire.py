@@ -185,6 +185,19 @@ def test_bad_extender_args_say_why(raw: bytes, reason: str) -> None:
     assert str(caught.value).startswith(reason)
 
 
+def test_a_bad_request_repeats_a_long_node_name_cut_short() -> None:
+    """Found by fuzzing: a node name is a key of the victims' map, and the reason
+    named where the error was, so a 60 KB name made a 60 KB answer (and log line)."""
+    name = "gpu-" + "x" * 60_000
+    raw = body({"Pod": POD, "NodeNameToMetaVictims": {name: "not victims"}})
+    with pytest.raises(wire.BadRequest) as caught:
+        wire.decode_preemption_args(raw)
+    reason = str(caught.value)
+    assert reason.startswith("the body is not an ExtenderPreemptionArgs: NodeNameToMetaVictims.")
+    assert "(60026 characters)" in reason
+    assert len(reason) < 400
+
+
 def test_an_oversized_body_is_refused_before_parsing() -> None:
     with pytest.raises(wire.BadRequest, match="more than the"):
         wire.decode_extender_args(b" " * (wire.MAX_BODY_BYTES + 1))

@@ -5,16 +5,18 @@ that never saw it gives, with its own gang id; denials and updates are never kep
 from __future__ import annotations
 
 import base64
+import tracemalloc
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cluster import jsonio, labels
 from tests.unit.test_webhook_patch import jobs
 from tests.unit.test_webhook_rules import CONFIG, POLICY, job
-from webhook.answers import ANSWERS_KEPT
+from webhook.answers import ANSWER_PATCH_BYTES_KEPT, ANSWERS_KEPT
 from webhook.patch import apply_patch, diff
 from webhook.policy import Allowed, admit
 from webhook.queues import Policy
@@ -155,3 +157,63 @@ def test_text_that_looks_like_the_placeholder_is_left_alone() -> None:
         "<gang id>" not in base64.b64decode(jsonio.loads(first.body)["response"]["patch"]).decode()
     )
     assert kept.body.replace(b"uid-2", b"uid-1") == first.body
+
+
+def test_the_memo_keeps_a_digest_of_each_object_not_the_object() -> None:
+    """Found by tests/fuzz: the memo's key held each object written as JSON, so 1,024
+    distinct allowed Jobs of 1 MB (kube-apiserver lets an object be 1.5 MiB) kept more
+    than a gigabyte alive for as long as the policy lasted."""
+    policy = _fresh()
+    review(_body(job(name="warm-up"), "uid-0"), policy, CONFIG)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(32):
+            blob = [{"name": "BLOB", "value": f"{n:04d}" + "x" * 1_000_000}]
+            outcome = review(_body(job(name="train", env=blob), f"uid-{n}"), policy, CONFIG)
+            assert outcome.answer == "computed"
+            del outcome, blob
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(policy.answers) == 33
+    assert grown < 1024 * 1024, f"{grown} bytes kept for 32 answers"
+
+
+def test_an_answer_whose_patch_repeats_much_of_the_object_is_given_but_not_kept() -> None:
+    """The patch can carry what the user wrote (their node affinity, merged with the
+    flavors'): an answer whose patch is larger than ``ANSWER_PATCH_BYTES_KEPT`` is not
+    kept, so the memo holds at most that much per answer."""
+    values = ["zone-" + "a" * 100_000]
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": values}]}
+                ]
+            }
+        }
+    }
+    body = _body(job(name="train", affinity=affinity), "uid-1")
+    policy = _fresh()
+    outcome = review(body, policy, CONFIG)
+    assert outcome.body == _by_the_rules(body, _fresh())
+    assert len(outcome.body) > ANSWER_PATCH_BYTES_KEPT
+    assert not policy.answers
+
+
+@pytest.mark.parametrize("field", ["name", "generateName"])
+def test_an_object_whose_name_is_not_a_string_is_denied_even_after_one_like_it(
+    field: str,
+) -> None:
+    """Found by fuzzing: the memo's key leaves the name out, so a Job named ``7`` got
+    the answer kept for a Job like it, and a name nested 1,000 deep a 500 from making
+    its gang id. The rules deny it; so does the memo."""
+    policy = _fresh()
+    first = review(_body(job(name="train"), "uid-1"), policy, CONFIG)
+    assert first.decision == "mutated"
+    odd = job(name=None)
+    odd["metadata"][field] = 7
+    outcome = review(_body(odd, "uid-2"), policy, CONFIG)
+    assert outcome.decision == "denied"
+    assert f"metadata.{field} is not a string" in outcome.body.decode()
