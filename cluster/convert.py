@@ -401,7 +401,7 @@ def _gpu_count(status: Mapping[str, Any], problems: list[str]) -> int:
             else:
                 return count
         problems.append(
-            f"status.{field}[{keys.GPU_RESOURCE!r}] is {raw!r}: {why}; the node offers no GPUs"
+            f"status.{field}[{keys.GPU_RESOURCE!r}] is {echo(raw)}: {why}; the node offers no GPUs"
         )
         return 0
     return 0
@@ -597,7 +597,7 @@ def _gpu_refusal(name: str, raw: Any, amount: int | None, where: str) -> str:
         why = _GPU_WHOLE[name]
     else:
         return ""
-    return _refuse(name, f"{where} is {raw!r}: {why}")
+    return _refuse(name, f"{where} is {echo(raw)}: {why}")
 
 
 def _requests(
