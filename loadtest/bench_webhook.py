@@ -591,16 +591,20 @@ def _generator_process(spec: StepSpec, pipe: Connection) -> None:
         pipe.close()
 
 
-def run_step(spec: StepSpec) -> StepResult:
+def in_generator_process(
+    target: Callable[[Any, Connection], None], arg: Any, bound_s: float
+) -> Any:
+    """``target(arg, pipe)`` in a process of its own (the load generator: off the server's
+    core and this process's GIL), and the payload it sent as ``("ok", payload)``; a
+    ``BenchError`` when it failed, died, or did not finish within ``bound_s``."""
     context = multiprocessing.get_context("spawn")
     receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_generator_process, args=(spec, send), daemon=True)
+    process = context.Process(target=target, args=(arg, send), daemon=True)
     process.start()
     send.close()
-    bound = spec.duration_s + spec.max_lag_s + spec.timeout_s + 60
     try:
-        if not receive.poll(bound):
-            raise BenchError(f"the load generator did not finish in {bound:.0f} s")
+        if not receive.poll(bound_s):
+            raise BenchError(f"the load generator did not finish in {bound_s:.0f} s")
         status, payload = receive.recv()
     except EOFError:
         raise BenchError("the load generator died without a result") from None
@@ -610,7 +614,12 @@ def run_step(spec: StepSpec) -> StepResult:
             process.kill()
     if status != "ok":
         raise BenchError(f"the load generator failed: {payload}")
-    run, server_cpu, own, memory = payload
+    return payload
+
+
+def run_step(spec: StepSpec) -> StepResult:
+    bound = spec.duration_s + spec.max_lag_s + spec.timeout_s + 60
+    run, server_cpu, own, memory = in_generator_process(_generator_process, spec, bound)
     return StepResult(spec, run, server_cpu, own, memory)
 
 

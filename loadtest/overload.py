@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import gc
 import math
-import multiprocessing
 import os
 import random
 import shutil
@@ -63,6 +62,7 @@ from loadtest.bench_webhook import (
     BenchError,
     ReviewTemplate,
     check_answer,
+    in_generator_process,
     load_captured_review,
     make_certs,
     policy_objects,
@@ -170,25 +170,8 @@ def _generator_process(load: Load, pipe: Connection) -> None:
 def run_load(load: Load) -> tuple[RunResult, float]:
     """The run, and the share of a CPU the generator itself used (near 1: it, not the
     server, may have been the bottleneck)."""
-    context = multiprocessing.get_context("spawn")
-    receive, send = context.Pipe(duplex=False)
-    process = context.Process(target=_generator_process, args=(load, send), daemon=True)
-    process.start()
-    send.close()
     bound = load.duration_s + 2 * load.deadline_s + 60
-    try:
-        if not receive.poll(bound):
-            raise BenchError(f"the load generator did not finish in {bound:.0f} s")
-        status, payload = receive.recv()
-    except EOFError:
-        raise BenchError("the load generator died without a result") from None
-    finally:
-        process.join(timeout=10)
-        if process.is_alive():
-            process.kill()
-    if status != "ok":
-        raise BenchError(f"the load generator failed: {payload}")
-    run, own = payload
+    run, own = in_generator_process(_generator_process, load, bound)
     return run, own
 
 
