@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
+import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, settings
 
@@ -243,6 +244,16 @@ class Client:
 
     def get(self, path: str) -> Answer:
         return self.request("GET", path)
+
+
+FUZZ_MARKS: Final = [
+    pytest.mark.fuzz,
+    # a failing body of megabytes is still worth reporting
+    pytest.mark.filterwarnings(
+        "ignore:Generating overly large repr:hypothesis.errors.HypothesisWarning"
+    ),
+]
+"""What every fuzz module is marked with (its ``pytestmark``)."""
 
 
 # ---------------------------------------------------------------- a server in a thread

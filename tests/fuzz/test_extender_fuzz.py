@@ -27,15 +27,9 @@ from tests.fuzz.extender_server import (
     fresh_version,
     serving,
 )
-from tests.fuzz.harness import Answer, check_memory, measured, profile, rss_mib
+from tests.fuzz.harness import FUZZ_MARKS, Answer, check_memory, measured, profile, rss_mib
 
-pytestmark = [
-    pytest.mark.fuzz,
-    # a failing body of megabytes is still worth reporting
-    pytest.mark.filterwarnings(
-        "ignore:Generating overly large repr:hypothesis.errors.HypothesisWarning"
-    ),
-]
+pytestmark = FUZZ_MARKS
 
 BASES: Final = {
     "/filter": {

@@ -31,6 +31,7 @@ from cluster.tls import CertReloader, client_context
 from tests.certfiles import make_material
 from tests.fuzz import strategies as hostile
 from tests.fuzz.harness import (
+    FUZZ_MARKS,
     Answer,
     Client,
     ServedApp,
@@ -47,13 +48,7 @@ from webhook.review_flow import MESSAGE_LIMIT
 from webhook.settings import WebhookSettings
 from webhook.source import OwnerSource, PolicyStore
 
-pytestmark = [
-    pytest.mark.fuzz,
-    # a failing body of megabytes is still worth reporting
-    pytest.mark.filterwarnings(
-        "ignore:Generating overly large repr:hypothesis.errors.HypothesisWarning"
-    ),
-]
+pytestmark = FUZZ_MARKS
 
 GOLDEN: Final = hostile.GOLDEN / "webhook"
 NAMESPACE: Final = "team-nlp"
