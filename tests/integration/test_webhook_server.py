@@ -14,7 +14,6 @@ import io
 import logging
 import re
 import signal
-import ssl
 import subprocess
 import sys
 import zlib
@@ -314,9 +313,16 @@ def test_main_refuses_a_missing_certificate(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
-async def test_main_serves_the_policy_file_over_tls(material: Material) -> None:
+@dataclass
+class Main:
+    port: int
+    metrics_url: str
+    process: ServerProcess
+
+
+@contextlib.asynccontextmanager
+async def webhook_main(material: Material, *args: str) -> AsyncIterator[Main]:
     port, metrics_port = free_port(), free_port()
-    context: ssl.SSLContext = client_context(material["ca.crt"])
     async with server_main(
         "webhook",
         "--host",
@@ -331,14 +337,24 @@ async def test_main_serves_the_policy_file_over_tls(material: Material) -> None:
         str(POLICY),
         "--metrics-port",
         str(metrics_port),
+        *args,
     ) as server:
+        context = client_context(material["ca.crt"])
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
             await wait_ready(session, f"https://localhost:{port}/readyz")
+        yield Main(port, f"http://127.0.0.1:{metrics_port}", server)
+
+
+async def test_main_serves_the_policy_file_over_tls(material: Material) -> None:
+    async with webhook_main(material) as main:
+        server = main.process
+        context = client_context(material["ca.crt"])
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
             webhook = Server(
-                f"https://localhost:{port}",
+                f"https://localhost:{main.port}",
                 session,
                 PolicyStore(ManualClock()),
-                f"http://127.0.0.1:{metrics_port}",
+                main.metrics_url,
             )
             status, answer = await webhook.post(jsonio.dumps(captured_job_review()))
             assert status == 200
@@ -353,7 +369,7 @@ async def test_main_serves_the_policy_file_over_tls(material: Material) -> None:
     assert float(full.group(1)) >= 1
     logged = server.logged
     assert "serving" in logged
-    assert f"metrics=127.0.0.1:{metrics_port}" in logged
+    assert f"metrics={main.metrics_url.removeprefix('http://')}" in logged
     assert "stopping" in logged
     assert "Traceback" not in logged
 
@@ -391,38 +407,6 @@ async def under_way(metrics_url: str, requests: int) -> None:
                 if wanted in (await response.text()).splitlines():
                     return
             await asyncio.sleep(0.05)
-
-
-@dataclass
-class Main:
-    port: int
-    metrics_url: str
-    process: ServerProcess
-
-
-@contextlib.asynccontextmanager
-async def webhook_main(material: Material, *args: str) -> AsyncIterator[Main]:
-    port, metrics_port = free_port(), free_port()
-    async with server_main(
-        "webhook",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--tls-cert",
-        str(material["webhook.crt"]),
-        "--tls-key",
-        str(material["webhook.key"]),
-        "--policy-file",
-        str(POLICY),
-        "--metrics-port",
-        str(metrics_port),
-        *args,
-    ) as server:
-        context = client_context(material["ca.crt"])
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
-            await wait_ready(session, f"https://localhost:{port}/readyz")
-        yield Main(port, f"http://127.0.0.1:{metrics_port}", server)
 
 
 async def test_sigterm_stops_accepting_and_lets_the_review_under_way_finish(
