@@ -15,16 +15,11 @@ import pytest
 from cluster import labels
 from tests.e2e.fixtures.cluster import E2ECluster, gpu_conflicts
 from tests.e2e.fixtures.fleet import RESTART_POOL
-from tests.e2e.fixtures.jobs import NAMESPACE, gpu_job, to_yaml
+from tests.e2e.fixtures.jobs import NAMESPACE, gpu_job
 
 pytestmark = pytest.mark.e2e
 
 FIRST, SECOND = "sweep-first", "sweep-second"
-
-
-def _create(e2e: E2ECluster, job: dict[str, Any]) -> None:
-    created = e2e.create(to_yaml(job))
-    assert created.returncode == 0, created.stderr
 
 
 def _bound(pod: dict[str, Any]) -> bool:
@@ -36,7 +31,7 @@ def test_pods_bind_without_double_allocation_across_an_extender_restart(
 ) -> None:
     e2e = scheduling
     assert e2e.extender is not None
-    _create(e2e, gpu_job(FIRST, pods=6, gpus=2, pool=RESTART_POOL))
+    e2e.create_stored(gpu_job(FIRST, pods=6, gpus=2, pool=RESTART_POOL))
     try:
         # crash it the moment the first pod is bound (a watch reacts within milliseconds)
         e2e.api.watch_until(
@@ -46,7 +41,7 @@ def test_pods_bind_without_double_allocation_across_an_extender_restart(
             labelSelector=f"{labels.JOB_NAME}={FIRST}",
         )
         e2e.extender.kill()
-        _create(e2e, gpu_job(SECOND, pods=2, gpus=2, pool=RESTART_POOL))
+        e2e.create_stored(gpu_job(SECOND, pods=2, gpus=2, pool=RESTART_POOL))
         # kube-scheduler keeps trying while the extender is down; the pods wait, none is
         # placed without it
         down = e2e.wait_scheduling_failure(SECOND)

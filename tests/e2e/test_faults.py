@@ -29,7 +29,7 @@ from tests.e2e.fixtures.cluster import (
     gpu_conflicts,
 )
 from tests.e2e.fixtures.fleet import FAULTS_POOL
-from tests.e2e.fixtures.jobs import NAMESPACE, gpu_job, to_yaml
+from tests.e2e.fixtures.jobs import NAMESPACE, gpu_job
 from tests.e2e.fixtures.servers import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -57,11 +57,6 @@ def _half_done(placements: list[Placement]) -> list[str]:
     ]
 
 
-def _create(e2e: E2ECluster, job: dict[str, Any]) -> None:
-    created = e2e.create(to_yaml(job))
-    assert created.returncode == 0, created.stderr
-
-
 def test_an_extender_killed_in_a_burst_of_binds_never_gives_a_gpu_twice(
     scheduling: E2ECluster,
 ) -> None:
@@ -71,7 +66,7 @@ def test_an_extender_killed_in_a_burst_of_binds_never_gives_a_gpu_twice(
     clock = e2e.clock
     for number in range(1, ROUNDS + 1):
         name = f"burst-{number}"
-        _create(e2e, gpu_job(name, pods=PODS, gpus=GPUS, pool=FAULTS_POOL))
+        e2e.create_stored(gpu_job(name, pods=PODS, gpus=GPUS, pool=FAULTS_POOL))
         try:
             e2e.api.watch_until(
                 f"a bound pod of job {name}",
@@ -189,7 +184,7 @@ def test_with_kube_apiserver_down_past_max_cache_age_the_extender_is_unready_and
     # the cluster works again: a GPU job made now is admitted, placed and accounted for
     for server in (e2e.webhook, e2e.kueue):
         e2e.api.wait(f"{server.module} ready", functools.partial(_ready, server))
-    _create(e2e, gpu_job("after-restart", pods=4, gpus=GPUS, pool=FAULTS_POOL))
+    e2e.create_stored(gpu_job("after-restart", pods=4, gpus=GPUS, pool=FAULTS_POOL))
     placed = e2e.wait_bound("after-restart", 4, timeout=90)
     assert _half_done(e2e.placements("after-restart")) == []
     assert gpu_conflicts(e2e.all_placements(), e2e.fleet) == []

@@ -62,8 +62,7 @@ def editor(e2e: E2ECluster) -> KubeApi:
 
 
 def _bound(e2e: E2ECluster, job: dict[str, Any]) -> Placement:
-    created = e2e.create(to_yaml(job))
-    assert created.returncode == 0, created.stderr
+    e2e.create_stored(job)
     [placement] = e2e.wait_bound(job["metadata"]["name"], 1)
     return placement
 
@@ -150,8 +149,7 @@ def _victim_placed(e2e: E2ECluster) -> list[Placement]:
     """The gang a pod elsewhere claims to belong to: with rack a half taken, it fits in
     rack b, unless the impostor counts as a member placed in rack a."""
     rack = {labels.TOPOLOGY: "required:rack"}
-    created = e2e.create(to_yaml(gpu_job(VICTIM, pods=2, gpus=4, pool=GANG_POOL, annotations=rack)))
-    assert created.returncode == 0, created.stderr
+    e2e.create_stored(gpu_job(VICTIM, pods=2, gpus=4, pool=GANG_POOL, annotations=rack))
     try:
         return e2e.wait_bound(VICTIM, 2, timeout=30)
     except WaitTimeoutError as exc:

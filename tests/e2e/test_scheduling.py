@@ -10,24 +10,17 @@ After each one, every GPU pod in the cluster is checked against the GPU accounti
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 
 from cluster import labels
 from tests.e2e.fixtures.cluster import E2ECluster, Placement, gpu_conflicts, parse_indices
 from tests.e2e.fixtures.fleet import GANG_POOL, HEALTH_POOL, MAINTENANCE_POOL, SHARE_POOL
-from tests.e2e.fixtures.jobs import gpu_job, to_yaml
+from tests.e2e.fixtures.jobs import gpu_job
 
 pytestmark = pytest.mark.e2e
 
 HOUR = 3600
-
-
-def submit(e2e: E2ECluster, job: dict[str, Any]) -> None:
-    """Create the job as a user would; Kueue admits it."""
-    created = e2e.create(to_yaml(job))
-    assert created.returncode == 0, created.stderr
 
 
 def islands_of(e2e: E2ECluster, node: str) -> list[set[int]]:
@@ -47,8 +40,8 @@ def test_a_rack_gang_lands_in_one_rack_each_pod_in_one_nvlink_island(
 ) -> None:
     e2e = scheduling
 
-    submit(e2e, gpu_job("llm-pretrain", pods=4, gpus=4, pool=GANG_POOL,
-           annotations={labels.TOPOLOGY: "required:rack"}))  # fmt: skip
+    rack = {labels.TOPOLOGY: "required:rack"}
+    e2e.create_stored(gpu_job("llm-pretrain", pods=4, gpus=4, pool=GANG_POOL, annotations=rack))
     placed = e2e.wait_bound("llm-pretrain", 4)
 
     racks = {e2e.fleet[p.node].rack for p in placed}
@@ -61,7 +54,7 @@ def test_a_rack_gang_lands_in_one_rack_each_pod_in_one_nvlink_island(
 
 
 def _one_share(e2e: E2ECluster, name: str, milli: int) -> Placement:
-    submit(e2e, gpu_job(name, gpu_milli=milli, pool=SHARE_POOL))
+    e2e.create_stored(gpu_job(name, gpu_milli=milli, pool=SHARE_POOL))
     [placed] = e2e.wait_bound(name, 1)
     return placed
 
@@ -87,11 +80,11 @@ def _indices(placed: Sequence[Placement]) -> set[int]:
 def test_an_unhealthy_gpu_is_never_assigned(scheduling: E2ECluster) -> None:
     e2e = scheduling  # health-1: islands 0-3 and 4-7, GPU 5 broken
 
-    submit(e2e, gpu_job("sick-four", gpus=4, pool=HEALTH_POOL))
+    e2e.create_stored(gpu_job("sick-four", gpus=4, pool=HEALTH_POOL))
     four = e2e.wait_bound("sick-four", 1)
-    submit(e2e, gpu_job("sick-singles", pods=3, gpus=1, pool=HEALTH_POOL))
+    e2e.create_stored(gpu_job("sick-singles", pods=3, gpus=1, pool=HEALTH_POOL))
     singles = e2e.wait_bound("sick-singles", 3)
-    submit(e2e, gpu_job("sick-one-too-many", gpus=1, pool=HEALTH_POOL))
+    e2e.create_stored(gpu_job("sick-one-too-many", gpus=1, pool=HEALTH_POOL))
     failure = e2e.wait_scheduling_failure("sick-one-too-many")
 
     # island 4-7 has only three healthy GPUs, so four GPUs in one island means 0-3
@@ -108,11 +101,11 @@ def test_a_job_that_would_outlast_a_maintenance_window_does_not_start_there(
 ) -> None:
     e2e = scheduling  # maint-drain drains 30 minutes after the suite started; maint-steady never
 
-    submit(e2e, gpu_job("eval-short", gpus=1, node="maint-drain", time_limit=600))
+    e2e.create_stored(gpu_job("eval-short", gpus=1, node="maint-drain", time_limit=600))
     [short] = e2e.wait_bound("eval-short", 1)
-    submit(e2e, gpu_job("train-long-pinned", gpus=1, node="maint-drain", time_limit=4 * HOUR))
+    e2e.create_stored(gpu_job("train-long-pinned", gpus=1, node="maint-drain", time_limit=4 * HOUR))
     failure = e2e.wait_scheduling_failure("train-long-pinned")
-    submit(e2e, gpu_job("train-long", gpus=1, pool=MAINTENANCE_POOL, time_limit=4 * HOUR))
+    e2e.create_stored(gpu_job("train-long", gpus=1, pool=MAINTENANCE_POOL, time_limit=4 * HOUR))
     [long] = e2e.wait_bound("train-long", 1)
 
     # ten minutes end before the maintenance: allowed on the draining node
