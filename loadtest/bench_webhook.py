@@ -57,12 +57,12 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import uvloop
 import yaml
@@ -1400,18 +1400,31 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> R
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    clock = SystemClock()
+class Reported(Protocol):
+    def lines(self) -> Iterable[str]: ...
+    def to_json(self) -> dict[str, Any]: ...
+
+
+def run_and_report(
+    prog: str,
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace, Clock, Callable[[str], None]], Reported],
+) -> int:
+    """A benchmark's command: progress on stderr, the report on stdout (and as JSON to
+    ``args.json``), exit 1 with the reason when it cannot be measured."""
     try:
-        report = run(args, clock, lambda line: print(line, file=sys.stderr, flush=True))
+        report = run(args, SystemClock(), lambda line: print(line, file=sys.stderr, flush=True))
     except BenchError as exc:
-        print(f"python -m loadtest.bench_webhook: {exc}", file=sys.stderr)
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     print("\n".join(report.lines()))
     if args.json is not None:
         args.json.write_bytes(jsonio.dumps_pretty(report.to_json()))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_and_report("python -m loadtest.bench_webhook", parse_args(argv), run)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,6 @@ from typing import Any, Final
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
-from cluster import jsonio
 from cluster.clock import Clock, SystemClock
 from cluster.tls import client_context
 from loadtest.bench_extender import LEVELS, args_body, probe_pod, write_cluster
@@ -66,6 +65,7 @@ from loadtest.bench_webhook import (
     load_captured_review,
     make_certs,
     policy_objects,
+    run_and_report,
     uid_prefix,
     write_policy,
 )
@@ -616,16 +616,7 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> R
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        report = run(args, SystemClock(), lambda line: print(line, file=sys.stderr, flush=True))
-    except BenchError as exc:
-        print(f"python -m loadtest overload: {exc}", file=sys.stderr)
-        return 1
-    print("\n".join(report.lines()))
-    if args.json is not None:
-        args.json.write_bytes(jsonio.dumps_pretty(report.to_json()))
-    return 0
+    return run_and_report("python -m loadtest overload", parse_args(argv), run)
 
 
 if __name__ == "__main__":
