@@ -1,5 +1,7 @@
 """The fuzz layer's closing summary: one line per property, saying how many inputs it
-sent, how many broke a property, the slowest answer and the memory it left behind."""
+sent, how many broke a property, the slowest answer and the memory it left behind.
+
+Layer: ROOT (of the fuzz suite; pytest's hooks only)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 listens on 127.0.0.1) from the golden cluster, with the golden cases' settings, and
 what every answer of each verb must be.
 
-Layer: tests only. The checks read answers with the upstream wire shapes
-(``extender.wire``'s kube-scheduler side); a 4xx must say why, briefly.
+Layer: I/O (test support: serves the extender on loopback). The checks read answers
+with the upstream wire shapes (``extender.wire``'s kube-scheduler side); a 4xx must say
+why, briefly.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Hostile request bodies, made from the real wire shapes.
 
-Layer: tests only, no I/O but reading the golden and captured requests once. Every body
-starts from a request a real kube-apiserver or kube-scheduler sent (``../shared/captures``)
-or a golden request built from one (``tests/golden``), and is then damaged: fields
-dropped or given the wrong type, unicode and control characters, strings of megabytes,
-JSON nested thousands of levels deep, keys given twice, quantities that are negative,
-NaN, infinite or beyond any unit, and finally, sometimes, the bytes themselves cut short
-or spoiled. A few bodies are not JSON at all.
+Layer: PURE (test support; its one I/O: reading the golden and captured requests once).
+Every body starts from a request a real kube-apiserver or kube-scheduler sent
+(``../shared/captures``) or a golden request built from one (``tests/golden``), and is
+then damaged: fields dropped or given the wrong type, unicode and control characters,
+strings of megabytes, JSON nested thousands of levels deep, keys given twice, quantities
+that are negative, NaN, infinite or beyond any unit, and finally, sometimes, the bytes
+themselves cut short or spoiled. A few bodies are not JSON at all.
 
 orjson writes at most 254 levels of nesting, so deep values are spliced into the encoded
 text in place of a marker string; a duplicated key likewise.
