@@ -6,7 +6,7 @@ module's test, where ``filterwarnings = error`` turns the ResourceWarning into t
 test's error, maybe only after the last test, where it fails nothing. Collecting at the
 end of each module makes it fail the module that leaked it, every run. The extender's
 tests freeze the heap (as the server does once its informers have listed), which hides
-garbage from the collector, so the heap is unfrozen first. """
+garbage from the collector, so the heap is unfrozen first."""
 
 from __future__ import annotations
 
