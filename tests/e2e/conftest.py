@@ -2,7 +2,7 @@
 
 Layer: ROOT (of the e2e suite; it must not hold scenario logic). Finds the pinned
 binaries (skipping the e2e tests, and nothing else, when there are none and no Go to build
-them), brings the cluster up once per session (``tests/e2e/fixtures/cluster.py``) and
+them), brings the cluster up once per session (``loadtest/stack/cluster.py``) and
 always tears it down: at the end of the session, on Ctrl-C or SIGTERM, and from ``atexit``
 if all else fails.
 """
@@ -22,8 +22,13 @@ from types import FrameType
 import pytest
 
 from cluster.clock import SystemClock
-from tests.e2e.controlplane import BinariesUnavailableError, find_binaries, find_crds, find_kueue
-from tests.e2e.fixtures.cluster import EXTENDER_MISSING, E2ECluster, bring_up
+from loadtest.stack.cluster import EXTENDER_MISSING, E2ECluster, bring_up
+from loadtest.stack.controlplane import (
+    BinariesUnavailableError,
+    find_binaries,
+    find_crds,
+    find_kueue,
+)
 
 HOW_TO_GET_BINARIES = (
     "no Kubernetes control-plane binaries: set KUBEBUILDER_ASSETS to a folder holding etcd, "

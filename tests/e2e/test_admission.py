@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from cluster import jsonio, labels
-from tests.e2e.fixtures.cluster import E2ECluster
-from tests.e2e.fixtures.jobs import NAMESPACE, QUEUE, gpu_job, to_yaml
+from loadtest.stack.cluster import E2ECluster
+from loadtest.stack.jobs import NAMESPACE, QUEUE, gpu_job, to_yaml
 
 pytestmark = pytest.mark.e2e
 

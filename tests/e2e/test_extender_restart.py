@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from cluster import labels
-from tests.e2e.fixtures.cluster import E2ECluster, gpu_conflicts
-from tests.e2e.fixtures.fleet import RESTART_POOL
-from tests.e2e.fixtures.jobs import NAMESPACE, gpu_job
+from loadtest.stack.cluster import E2ECluster, gpu_conflicts
+from loadtest.stack.fleet import RESTART_POOL
+from loadtest.stack.jobs import NAMESPACE, gpu_job
 
 pytestmark = pytest.mark.e2e
 

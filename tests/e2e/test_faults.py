@@ -22,15 +22,15 @@ from typing import Any
 import pytest
 
 from cluster import jsonio, labels
-from tests.e2e.fixtures.cluster import (
+from loadtest.stack.cluster import (
     EXTENDER_MAX_CACHE_AGE_S,
     E2ECluster,
     Placement,
     gpu_conflicts,
 )
-from tests.e2e.fixtures.fleet import FAULTS_POOL
-from tests.e2e.fixtures.jobs import NAMESPACE, gpu_job
-from tests.e2e.fixtures.servers import ServerProcess
+from loadtest.stack.fleet import FAULTS_POOL
+from loadtest.stack.jobs import NAMESPACE, gpu_job
+from loadtest.stack.servers import ServerProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -19,11 +19,11 @@ from typing import Any, Final
 import pytest
 
 from cluster import labels
-from tests.e2e.fixtures.cluster import E2ECluster, Placement, gpu_conflicts
-from tests.e2e.fixtures.fleet import GANG_POOL
-from tests.e2e.fixtures.install import Identity
-from tests.e2e.fixtures.jobs import IMAGE, NAMESPACE, gpu_job, to_yaml
-from tests.e2e.fixtures.kubeapi import ApiError, KubeApi, WaitTimeoutError
+from loadtest.stack.cluster import E2ECluster, Placement, gpu_conflicts
+from loadtest.stack.fleet import GANG_POOL
+from loadtest.stack.install import Identity
+from loadtest.stack.jobs import IMAGE, NAMESPACE, gpu_job, to_yaml
+from loadtest.stack.kubeapi import ApiError, KubeApi, WaitTimeoutError
 
 pytestmark = pytest.mark.e2e
 

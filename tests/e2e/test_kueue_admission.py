@@ -2,7 +2,7 @@
 places through the extender (issue 19's scenarios 1, 2 and 7).
 
 No scenario here unsuspends, admits or preempts anything: Kueue does. The suite plays only
-the kubelets (``tests/e2e/fixtures/kubelet.py``): bound pods start and become ready, and a
+the kubelets (``loadtest/stack/kubelet.py``): bound pods start and become ready, and a
 scenario may end them. Jobs go in with ``kubectl create`` as a user's would, without
 ``suspend``.
 
@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from cluster import labels
-from tests.e2e.fixtures.cluster import E2ECluster, Placement, gpu_conflicts
-from tests.e2e.fixtures.fleet import CAPACITY
-from tests.e2e.fixtures.jobs import NAMESPACE, QUEUE, gpu_job
+from loadtest.stack.cluster import E2ECluster, Placement, gpu_conflicts
+from loadtest.stack.fleet import CAPACITY
+from loadtest.stack.jobs import NAMESPACE, QUEUE, gpu_job
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,7 @@
 """Gangs with the real Kueue: waitForPodsReady, and both topology modes (issue 19,
 scenarios 4 and 6).
 
-Kueue runs with ``waitForPodsReady`` (60 s, ``tests/e2e/fixtures/kueue.py``): a workload
+Kueue runs with ``waitForPodsReady`` (60 s, ``loadtest/stack/kueue.py``): a workload
 whose pods are not all ready in time is evicted and requeued. The suite's kubelet makes a
 bound pod ready at once, so a gang is ready exactly when all its members were placed.
 
@@ -17,16 +17,16 @@ from __future__ import annotations
 import pytest
 
 from cluster import labels
-from tests.e2e.fixtures.cluster import (
+from loadtest.stack.cluster import (
     E2ECluster,
     Placement,
     gpu_conflicts,
     parse_indices,
     true_condition,
 )
-from tests.e2e.fixtures.fleet import GANG_POOL, TAS_POOL
-from tests.e2e.fixtures.jobs import gpu_job
-from tests.e2e.fixtures.kueue import WAIT_FOR_PODS_READY_S
+from loadtest.stack.fleet import GANG_POOL, TAS_POOL
+from loadtest.stack.jobs import gpu_job
+from loadtest.stack.kueue import WAIT_FOR_PODS_READY_S
 
 pytestmark = pytest.mark.e2e
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from cluster import jsonio, labels
-from tests.e2e.fixtures.cluster import E2ECluster, Placement, gpu_conflicts
-from tests.e2e.fixtures.jobs import IMAGE, NAMESPACE, QUEUE
+from loadtest.stack.cluster import E2ECluster, Placement, gpu_conflicts
+from loadtest.stack.jobs import IMAGE, NAMESPACE, QUEUE
 
 pytestmark = pytest.mark.e2e
 

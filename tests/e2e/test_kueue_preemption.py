@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from cluster import labels
-from tests.e2e.fixtures.cluster import E2ECluster, gpu_conflicts, true_condition
-from tests.e2e.fixtures.fleet import RECLAIM_POOL
-from tests.e2e.fixtures.jobs import NAMESPACE, gpu_job
+from loadtest.stack.cluster import E2ECluster, gpu_conflicts, true_condition
+from loadtest.stack.fleet import RECLAIM_POOL
+from loadtest.stack.jobs import NAMESPACE, gpu_job
 
 pytestmark = pytest.mark.e2e
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from cluster import jsonio, labels
-from tests.e2e.fixtures.cluster import E2ECluster
-from tests.e2e.fixtures.install import EXAMPLES, MANIFESTS, has_kustomization, render, yaml_files
-from tests.e2e.fixtures.jobs import to_yaml
+from loadtest.stack.cluster import E2ECluster
+from loadtest.stack.install import EXAMPLES, MANIFESTS, has_kustomization, render, yaml_files
+from loadtest.stack.jobs import to_yaml
 
 pytestmark = pytest.mark.e2e
 

@@ -30,10 +30,10 @@ from typing import Any, Final
 import pytest
 
 from cluster import labels
-from tests.e2e.fixtures.cluster import E2ECluster
-from tests.e2e.fixtures.install import Identity
-from tests.e2e.fixtures.jobs import IMAGE, NAMESPACE
-from tests.e2e.fixtures.kubeapi import MERGE_PATCH, ApiError, KubeApi
+from loadtest.stack.cluster import E2ECluster
+from loadtest.stack.install import Identity
+from loadtest.stack.jobs import IMAGE, NAMESPACE
+from loadtest.stack.kubeapi import MERGE_PATCH, ApiError, KubeApi
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 pods, the real kube-scheduler places them through the extender, and the placements are
 read back from the API.
 
-Each scenario pins its jobs to its own pool of fake nodes (``tests/e2e/fixtures/fleet.py``)
+Each scenario pins its jobs to its own pool of fake nodes (``loadtest/stack/fleet.py``)
 with a plain ``nodeSelector``, so the scenarios do not share GPUs and can run in any order.
 After each one, every GPU pod in the cluster is checked against the GPU accounting rules.
 """
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import pytest
 
 from cluster import labels
-from tests.e2e.fixtures.cluster import E2ECluster, Placement, gpu_conflicts, parse_indices
-from tests.e2e.fixtures.fleet import GANG_POOL, HEALTH_POOL, MAINTENANCE_POOL, SHARE_POOL
-from tests.e2e.fixtures.jobs import gpu_job
+from loadtest.stack.cluster import E2ECluster, Placement, gpu_conflicts, parse_indices
+from loadtest.stack.fleet import GANG_POOL, HEALTH_POOL, MAINTENANCE_POOL, SHARE_POOL
+from loadtest.stack.jobs import gpu_job
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,7 @@ anything about Tessera's behaviour, must not reach any address but 127.0.0.1, an
 leave a process running after ``stop`` (or the ``with`` block) returns.
 
 Binaries and CRDs come from ``tests/e2e/build_binaries.sh`` (see tests/e2e/README.md).
-Run ``python -m tests.e2e.controlplane`` to bring one up by hand until Ctrl-C.
+Run ``python -m loadtest.stack.controlplane`` to bring one up by hand until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from cluster.logs import fields
 
 log = logging.getLogger(__name__)
 
-BUILD_SCRIPT: Final = Path(__file__).with_name("build_binaries.sh")
+BUILD_SCRIPT: Final = Path(__file__).resolve().parents[2] / "tests" / "e2e" / "build_binaries.sh"
 LOOPBACK: Final = "127.0.0.1"
 # Without kubelets the node-lifecycle controller taints every API-created node unreachable
 # after about 40 s; everything else (job controller, garbage collector, ...) stays on.
