@@ -1,11 +1,11 @@
 """Small builders of Kubernetes objects as the API sends them (raw JSON dicts).
 
-Shapes follow ``/work/shared/captures`` (kube-apiserver 1.36): a node with GPU Feature
-Discovery labels and ``nvidia.com/gpu`` in capacity and allocatable; a pod whose
-containers carry GPU requests equal to limits, as the API requires for extended
-resources; and the Kueue objects (``kueue.x-k8s.io/v1beta2``) a queue policy is read
-from. Every argument is optional, so a test names only what it is about. Each call
-returns fresh dicts that the caller may change.
+Shapes follow the recorded captures (``tests.shared.CAPTURES``, kube-apiserver 1.36): a
+node with GPU Feature Discovery labels and ``nvidia.com/gpu`` in capacity and
+allocatable; a pod whose containers carry GPU requests equal to limits, as the API
+requires for extended resources; and the Kueue objects (``kueue.x-k8s.io/v1beta2``) a
+queue policy is read from. Every argument is optional, so a test names only what it is
+about. Each call returns fresh dicts that the caller may change.
 """
 
 from __future__ import annotations

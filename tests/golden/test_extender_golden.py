@@ -29,9 +29,9 @@ from cluster.model import Allocation, NodeName, PodKey
 from extender import verbs
 from extender.config import HOSTNAME_LEVEL, ExtenderConfig, TopologyLevel
 from tests.builders import BLOCK_LABEL, RACK_LABEL
+from tests.shared import CAPTURES
 
 HERE = Path(__file__).parent / "extender"
-CAPTURES = Path("/work/shared/captures")
 UPDATE = os.environ.get("TESSERA_UPDATE_GOLDENS") == "1"
 NOW = datetime(2026, 11, 29, 18, 28, tzinfo=UTC)
 CONFIG = ExtenderConfig(

@@ -30,6 +30,7 @@ import pytest
 
 from cluster import jsonio, labels
 from cluster.files import load_objects
+from tests.shared import CAPTURES
 from webhook.owners import JOBSET_CONTROLLER_USERNAMES, OwnerKind, OwnerView
 from webhook.patch import apply_patch, clone
 from webhook.policy import AdmitConfig
@@ -37,7 +38,6 @@ from webhook.queues import Policy, policy_from_objects
 from webhook.review_flow import ReviewOutcome, review
 
 HERE = Path(__file__).parent / "webhook"
-CAPTURES = Path(__file__).resolve().parents[3] / "shared" / "captures"
 UPDATE = os.environ.get("TESSERA_UPDATE_GOLDENS") == "1"
 
 CONFIG = AdmitConfig(managed_namespaces=frozenset({"team-sandbox"}))
