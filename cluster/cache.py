@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from types import MappingProxyType
 from typing import Generic, TypeVar
@@ -176,6 +176,90 @@ class _CowMap(Generic[K, V]):
         return self._frozen
 
 
+@dataclass(slots=True)
+class _NodeSlot:
+    """All the cache keeps under one node name. A slot outlives its node: pods bound to
+    a deleted node keep their allocations, so a node that comes back is accounted as
+    before; an empty slot is dropped."""
+
+    base: NodeState | None = None
+    """The node as the watch reports it (``None``: not reported, or deleted)."""
+    pods: dict[PodKey, tuple[Allocation | None, int]] = field(default_factory=dict)
+    """GPU pods placed here: the exact allocation (``None`` where the cache picks the
+    GPUs) and the CPU the pod asks, so accounting the node sums these instead of looking
+    each pod up again."""
+    cpu_only: int = 0
+    """CPU asked by the pods without GPUs placed here."""
+    problems: tuple[str, ...] = ()
+    """Accounting problems found the last time the node was accounted."""
+
+    @property
+    def unused(self) -> bool:
+        return self.base is None and not self.pods and not self.cpu_only and not self.problems
+
+
+class _GangIndex:
+    """Gang → members holding an allocation, and the sorted tuples snapshots show. Only
+    the gangs touched since the last ``flush`` are re-sorted."""
+
+    __slots__ = ("_dirty", "_frozen", "_members")
+
+    def __init__(self) -> None:
+        self._members: dict[GangId, set[PodKey]] = {}
+        self._frozen: _CowMap[GangId, tuple[PodKey, ...]] = _CowMap()
+        self._dirty: set[GangId] = set()
+
+    def move(self, key: PodKey, leave: GangId | None, join: GangId | None) -> None:
+        if leave is not None:
+            members = self._members.get(leave)
+            if members is not None:
+                members.discard(key)
+                if not members:
+                    del self._members[leave]
+                self._dirty.add(leave)
+        if join is not None:
+            self._members.setdefault(join, set()).add(key)
+            self._dirty.add(join)
+
+    def flush(self) -> None:
+        for gang in self._dirty:
+            members = self._members.get(gang)
+            if members:
+                sorted_members = tuple(sorted(members))
+                if self._frozen.get(gang) != sorted_members:
+                    self._frozen.set(gang, sorted_members)
+            else:
+                self._frozen.pop(gang)
+        self._dirty.clear()
+
+    def freeze(self) -> ShardedMap[GangId, tuple[PodKey, ...]]:
+        return self._frozen.freeze()
+
+
+class _ProductTotals:
+    """Running ``ProductCounters`` per GPU product: a node's contribution is taken out
+    before it changes and put back after, so counters never walk the fleet."""
+
+    __slots__ = ("_totals",)
+
+    def __init__(self) -> None:
+        self._totals: dict[str, list[int]] = {}
+
+    def add(self, node: NodeState, sign: int) -> None:
+        totals = self._totals.setdefault(node.product, [0] * 5)
+        for i, part in enumerate(_contribution(node)):
+            totals[i] += sign * part
+
+    def counters(self) -> Mapping[str, ProductCounters]:
+        return MappingProxyType(
+            {
+                product: ProductCounters(*totals)
+                for product, totals in sorted(self._totals.items())
+                if totals[0]
+            }
+        )
+
+
 def _placement(
     watch: PodInfo | None, assumption: _Assumption | None
 ) -> tuple[NodeName, Allocation | None] | None:
@@ -220,32 +304,25 @@ class ClusterCache:
         self._ttl = assume_ttl_s
         self._generation = 0
         self._changed = False
-        # nodes as reported, and with allocations applied (what snapshots show)
-        self._base: dict[NodeName, NodeState] = {}
-        # by shard, copied on write like the pods: one bind changes one node, and a
-        # snapshot after it then costs a shard, not a copy of every node (~40 us at 5,000)
+        # per node name: the node as reported, the pods on it, its problems
+        self._slots: dict[NodeName, _NodeSlot] = {}
+        # nodes with allocations applied (what snapshots show), by shard, copied on write
+        # like the pods: one bind changes one node, and a snapshot after it then costs a
+        # shard, not a copy of every node (~40 us at 5,000)
         self._nodes: _CowMap[NodeName, NodeState] = _CowMap()
         # the watch's GPU pods, plus assumed pods the watch has not shown (_assume_only)
         self._pods: _CowMap[PodKey, PodInfo] = _CowMap()
         self._assume_only: set[PodKey] = set()
         self._assumed: dict[PodKey, _Assumption] = {}
         self._assumed_view: frozenset[PodKey] | None = frozenset()
-        # derived: allocations; who sits on each node, with the exact allocation or None
-        # where the cache picks the GPUs, and the CPU the pod asks (accounting a node
-        # after a bind sums these instead of looking each pod up again); gang members
-        # that hold an allocation
+        # derived: allocations, and the gangs of the pods that hold one
         self._allocs: _CowMap[PodKey, Allocation] = _CowMap()
-        self._on_node: dict[NodeName, dict[PodKey, tuple[Allocation | None, int]]] = {}
-        # CPU of the pods without GPUs (kept for nothing else): per pod and per node
+        self._gangs = _GangIndex()
+        # the node and CPU of each pod without GPUs (kept for nothing else)
         self._cpu_only: dict[PodKey, tuple[NodeName, int]] = {}
-        self._cpu_only_on: dict[NodeName, int] = {}
-        self._gang_members: dict[GangId, set[PodKey]] = {}
-        self._gangs: _CowMap[GangId, tuple[PodKey, ...]] = _CowMap()
-        self._dirty_nodes: dict[NodeName, None] = {}
-        self._dirty_gangs: set[GangId] = set()
-        self._node_problems: dict[NodeName, tuple[str, ...]] = {}
         self._pod_problems: dict[PodKey, str] = {}
-        self._products: dict[str, list[int]] = {}
+        self._dirty_nodes: dict[NodeName, None] = {}
+        self._products = _ProductTotals()
         # GPUs that differ only in free milli are few; sharing them keeps node rebuilds
         # cheap (no dataclass construction) and memory flat
         self._gpu_pool: dict[tuple[int, int, bool, int], GpuDevice] = {}
@@ -279,24 +356,20 @@ class ClusterCache:
     @property
     def problems(self) -> tuple[str, ...]:
         """Accounting problems right now: over-committed GPUs, unusable GPU indices."""
-        found = [p for name in sorted(self._node_problems) for p in self._node_problems[name]]
+        found = [p for name in sorted(self._slots) for p in self._slots[name].problems]
         found += [self._pod_problems[key] for key in sorted(self._pod_problems)]
         return tuple(found)
 
     def counters(self) -> CacheCounters:
-        products = {
-            product: ProductCounters(*totals)
-            for product, totals in sorted(self._products.items())
-            if totals[0]
-        }
         return CacheCounters(
             generation=self._generation,
             nodes=len(self._nodes),
             pods=len(self._pods),
             bound=len(self._allocs) - len(self._assumed),
             assumed=len(self._assumed),
-            problems=sum(map(len, self._node_problems.values())) + len(self._pod_problems),
-            products=MappingProxyType(products),
+            problems=sum(len(slot.problems) for slot in self._slots.values())
+            + len(self._pod_problems),
+            products=self._products.counters(),
             assumptions_confirmed=self._totals["confirmed"],
             assumptions_expired=self._totals["expired"],
             assumptions_forgotten=self._totals["forgotten"],
@@ -308,9 +381,10 @@ class ClusterCache:
     def replace_nodes(self, nodes: Iterable[NodeState]) -> None:
         """A relist of nodes: those not listed are deleted (their pods keep allocations)."""
         fresh = {node.name: node for node in nodes}
-        for name in [name for name in self._base if name not in fresh]:
-            del self._base[name]
-            self._dirty_nodes[name] = None
+        for name, slot in self._slots.items():
+            if slot.base is not None and name not in fresh:
+                slot.base = None
+                self._dirty_nodes[name] = None
         for node in fresh.values():
             self._put_node(node)
         self._flush()
@@ -320,12 +394,15 @@ class ClusterCache:
         self._flush()
 
     def delete_node(self, name: NodeName) -> None:
-        if self._base.pop(name, None) is not None:
+        slot = self._slots.get(name)
+        if slot is not None and slot.base is not None:
+            slot.base = None
             self._dirty_nodes[name] = None
         self._flush()
 
     def _put_node(self, node: NodeState) -> None:
-        old = self._base.get(node.name)
+        slot = self._slot(node.name)
+        old = slot.base
         if old == node:
             return
         if node.problems and (old is None or old.problems != node.problems):
@@ -333,8 +410,14 @@ class ClusterCache:
                 "node values ignored",
                 extra=logs.fields(node=node.name, problems=list(node.problems)),
             )
-        self._base[node.name] = node
+        slot.base = node
         self._dirty_nodes[node.name] = None
+
+    def _slot(self, name: NodeName) -> _NodeSlot:
+        slot = self._slots.get(name)
+        if slot is None:
+            slot = self._slots[name] = _NodeSlot()
+        return slot
 
     # ------------------------------------------------------------------ pods (the watch)
 
@@ -409,11 +492,7 @@ class ClusterCache:
     def _add_cpu(self, node: NodeName, cpu: int) -> None:
         if not cpu:
             return  # a pod that asks for no CPU changes nothing a reader sees
-        total = self._cpu_only_on.get(node, 0) + cpu
-        if total:
-            self._cpu_only_on[node] = total
-        else:
-            del self._cpu_only_on[node]
+        self._slot(node).cpu_only += cpu
         self._dirty_nodes[node] = None
 
     def _observe(self, pod: PodInfo) -> None:
@@ -538,7 +617,8 @@ class ClusterCache:
 
     def _holders(self, name: NodeName, index: int) -> str:
         found = []
-        for key, (exact, _) in sorted(self._on_node.get(name, {}).items()):
+        slot = self._slots.get(name)
+        for key, (exact, _) in sorted(slot.pods.items() if slot is not None else ()):
             alloc = self._allocs.get(key)
             if alloc is not None and index in alloc.indices:
                 how = "assumed" if key in self._assumed else "bound"
@@ -558,15 +638,36 @@ class ClusterCache:
         old_record = self._pods.get_at(i, key)
         old_watch = None if key in self._assume_only else old_record
         old_place = _placement(old_watch, self._assumed.get(key))
+        self._set_assumption(key, assumption)
+        record = self._set_record(i, key, watch, assumption, old_record)
+        if old_record is not None:
+            old_gang, new_gang = _gang_of(old_record), _gang_of(record)
+            if old_gang != new_gang and self._allocs.get_at(i, key) is not None:
+                self._gangs.move(key, old_gang, new_gang)
+        self._check_indices(key, watch)
+        self._place(i, key, record, old_place, _placement(watch, assumption))
 
+    def _set_assumption(self, key: PodKey, assumption: _Assumption | None) -> None:
         if assumption is None:
-            if self._assumed.pop(key, None) is not None:
-                self._assumed_view = None
-                self._changed = True
+            if self._assumed.pop(key, None) is None:
+                return
         elif self._assumed.get(key) is not assumption:
             self._assumed[key] = assumption
-            self._assumed_view = None
-            self._changed = True
+        else:
+            return
+        self._assumed_view = None
+        self._changed = True
+
+    def _set_record(
+        self,
+        i: int,
+        key: PodKey,
+        watch: PodInfo | None,
+        assumption: _Assumption | None,
+        old_record: PodInfo | None,
+    ) -> PodInfo | None:
+        """The pod as snapshots show it: the watch's record, or the assumed pod while
+        the watch has not shown it."""
         if watch is None and assumption is not None:
             self._assume_only.add(key)
             record: PodInfo | None = assumption.pod
@@ -580,13 +681,9 @@ class ClusterCache:
         elif record is not old_record:
             self._pods.set_at(i, key, record)
             self._changed = True
+        return record
 
-        if old_record is not None:
-            old_gang, new_gang = _gang_of(old_record), _gang_of(record)
-            if old_gang != new_gang and self._allocs.get_at(i, key) is not None:
-                self._join_gang(key, old_gang, None)
-                self._join_gang(key, None, new_gang)
-
+    def _check_indices(self, key: PodKey, watch: PodInfo | None) -> None:
         if (
             watch is not None
             and watch.node is not None
@@ -600,25 +697,30 @@ class ClusterCache:
         elif self._pod_problems:
             self._pod_problems.pop(key, None)
 
-        new_place = _placement(watch, assumption)
+    def _place(
+        self,
+        i: int,
+        key: PodKey,
+        record: PodInfo | None,
+        old_place: tuple[NodeName, Allocation | None] | None,
+        new_place: tuple[NodeName, Allocation | None] | None,
+    ) -> None:
+        """Move the pod from the node it was counted on to the one it is on now."""
         if new_place == old_place:
             if new_place is not None and record is not None:
                 # a new request of the same pod: counted, as before, at the node's next
                 # accounting
-                self._on_node[new_place[0]][key] = (new_place[1], record.demand.cpu_milli)
+                self._slots[new_place[0]].pods[key] = (new_place[1], record.demand.cpu_milli)
             return
         if old_place is not None:
-            on = self._on_node[old_place[0]]
-            del on[key]
-            if not on:
-                del self._on_node[old_place[0]]
+            del self._slots[old_place[0]].pods[key]
             self._dirty_nodes[old_place[0]] = None
         if new_place is None:
             self._set_alloc(i, key, None)
             return
         name, allocation = new_place
         assert record is not None  # a placement comes from the watch or an assumption
-        self._on_node.setdefault(name, {})[key] = (allocation, record.demand.cpu_milli)
+        self._slot(name).pods[key] = (allocation, record.demand.cpu_milli)
         self._dirty_nodes[name] = None
         if allocation is not None:
             self._set_alloc(i, key, allocation)
@@ -636,34 +738,24 @@ class ClusterCache:
         gang = _gang_of(self._pods.get_at(i, key))
         if allocation is None:
             self._allocs.pop_at(i, key)
-            self._join_gang(key, gang, None)
+            self._gangs.move(key, gang, None)
         else:
             self._allocs.set_at(i, key, allocation)
             if current is None:
-                self._join_gang(key, None, gang)
-
-    def _join_gang(self, key: PodKey, leave: GangId | None, join: GangId | None) -> None:
-        if leave is not None:
-            members = self._gang_members.get(leave)
-            if members is not None:
-                members.discard(key)
-                if not members:
-                    del self._gang_members[leave]
-                self._dirty_gangs.add(leave)
-        if join is not None:
-            self._gang_members.setdefault(join, set()).add(key)
-            self._dirty_gangs.add(join)
+                self._gangs.move(key, None, gang)
 
     def _account(self, name: NodeName) -> None:
         """Recompute one node from its base and the pods on it: exact allocations
         first, then GPUs for pods bound without indices (kept where they were if they
         still fit, so they do not wander)."""
-        base = self._base.get(name)
-        if base is None:
+        slot = self._slots.get(name)
+        base = None if slot is None else slot.base
+        if slot is None or base is None:
             self._set_node(name, None)
-            self._set_problems(name, ())
+            if slot is not None:
+                self._set_problems(name, slot, ())
             return
-        on = self._on_node.get(name, {})
+        on = slot.pods
         capacity = {gpu.index: gpu.free_milli for gpu in base.gpus}
         used = dict.fromkeys(capacity, 0)
         problems: list[str] = []
@@ -685,7 +777,7 @@ class ClusterCache:
                 key, pod.demand, base, capacity=capacity, used=used, problems=problems
             )
             self._set_alloc(i, key, chosen)
-        cpu = self._cpu_only_on.get(name, 0) + sum(cpu for _, cpu in on.values())
+        cpu = slot.cpu_only + sum(cpu for _, cpu in on.values())
         for index, milli in used.items():
             if milli > capacity[index]:
                 problems.append(
@@ -693,7 +785,7 @@ class ClusterCache:
                     f"{capacity[index]} milli): held by {self._holders(name, index)}"
                 )
         self._set_node(name, self._with_used(base, used, cpu))
-        self._set_problems(name, tuple(problems))
+        self._set_problems(name, slot, tuple(problems))
 
     def _pick(
         self,
@@ -733,11 +825,10 @@ class ClusterCache:
         old = self._nodes.get(name)
         if old is node:
             return
-        for state, sign in ((old, -1), (node, 1)):
-            if state is not None:
-                totals = self._products.setdefault(state.product, [0] * 5)
-                for i, part in enumerate(_contribution(state)):
-                    totals[i] += sign * part
+        if old is not None:
+            self._products.add(old, -1)
+        if node is not None:
+            self._products.add(node, 1)
         if node is None:
             self._nodes.pop(name)
         else:
@@ -759,15 +850,15 @@ class ClusterCache:
             gpus.append(pool.get(shape) or pool.setdefault(shape, GpuDevice(*shape)))
         return replace(base, gpus=tuple(gpus), cpu_requested_milli=cpu)
 
-    def _set_problems(self, name: NodeName, problems: tuple[str, ...]) -> None:
-        old = self._node_problems.get(name, ())
-        if problems == old:
-            return
-        if problems:
-            self._node_problems[name] = problems
-            log.warning("gpu accounting problem", extra=logs.fields(node=name, problems=problems))
-        else:
-            del self._node_problems[name]
+    def _set_problems(self, name: NodeName, slot: _NodeSlot, problems: tuple[str, ...]) -> None:
+        if problems != slot.problems:
+            slot.problems = problems
+            if problems:
+                log.warning(
+                    "gpu accounting problem", extra=logs.fields(node=name, problems=problems)
+                )
+        if slot.unused:
+            del self._slots[name]
 
     def _flush(self) -> None:
         """Finish a write: account touched nodes, re-sort touched gangs, bump the
@@ -776,15 +867,7 @@ class ClusterCache:
             name = next(iter(self._dirty_nodes))
             del self._dirty_nodes[name]
             self._account(name)
-        for gang in self._dirty_gangs:
-            members = self._gang_members.get(gang)
-            if members:
-                sorted_members = tuple(sorted(members))
-                if self._gangs.get(gang) != sorted_members:
-                    self._gangs.set(gang, sorted_members)
-            else:
-                self._gangs.pop(gang)
-        self._dirty_gangs.clear()
+        self._gangs.flush()
         if self._changed:
             self._changed = False
             self._generation += 1
