@@ -439,11 +439,11 @@ ensure_kueue() {
 }
 
 # JobSet's main package is the root of its module (main.go), not a cmd/ folder. Its
-# ClusterRole too: the e2e stack runs it as its own ServiceAccount, with the RBAC its
+# ClusterRoles too: the e2e stack runs it as its own ServiceAccount, with the RBAC its
 # install grants, because Tessera's webhook tells the JobSet controller by its username.
 ensure_jobset() {
 	ensure_manager jobset sigs.k8s.io/jobset "${JOBSET_VERSION}" sigs.k8s.io/jobset \
-		sigs.k8s.io/jobset/pkg/version 3 rbac/role.yaml
+		sigs.k8s.io/jobset/pkg/version 3 rbac/role.yaml rbac/auth_proxy_role.yaml
 }
 
 main() {
