@@ -102,6 +102,12 @@ def find_kueue(progress: IO[str] | None = None) -> Path:
     return _run_build_script("kueue", progress)
 
 
+def find_jobset(progress: IO[str] | None = None) -> Path:
+    """The folder holding the pinned JobSet manager (``bin/jobset``) and the webhook
+    configuration and ClusterRole YAMLs of that release (``config/``)."""
+    return _run_build_script("jobset", progress)
+
+
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -7,6 +7,7 @@
 #   CRDS=$(tests/e2e/build_binaries.sh crds)    # Kueue (and JobSet) CRD YAMLs, one folder
 #   KUEUE=$(tests/e2e/build_binaries.sh kueue)  # Kueue's manager (bin/kueue) and its
 #                                               # webhook and manager configuration YAMLs
+#   JOBSET=$(tests/e2e/build_binaries.sh jobset) # JobSet's manager (bin/jobset), likewise
 #
 # Binaries come from $KUBEBUILDER_ASSETS when it holds all five (the envtest convention),
 # else from the cache ${TESSERA_CACHE:-$HOME/.cache/tessera}/k8s-<version>/bin, else they are
@@ -21,7 +22,8 @@ readonly K8S_VERSION=v1.36.3
 readonly ETCD_VERSION=v3.6.8
 # Newest Kueue on the proxy; it stores kueue.x-k8s.io/v1beta2.
 readonly KUEUE_VERSION=v0.17.0
-# The JobSet that kueue@v0.17.0's go.mod requires (the proxy serves no version list for it).
+# The JobSet that kueue@v0.17.0's go.mod requires (the proxy serves no version list for it):
+# its CRDs and its manager.
 readonly JOBSET_VERSION=v0.11.1
 readonly GO_MIN_MINOR=26
 readonly BINARIES=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl)
@@ -58,11 +60,13 @@ trap 'exit 143' TERM
 
 usage() {
 	cat <<EOF
-usage: $0 [bin|crds|kueue]
+usage: $0 [bin|crds|kueue|jobset]
   bin   (default) print the folder holding ${BINARIES[*]} (Kubernetes ${K8S_VERSION})
   crds  print the folder holding the CRD YAMLs of Kueue ${KUEUE_VERSION} and JobSet ${JOBSET_VERSION}
   kueue print the folder holding Kueue ${KUEUE_VERSION}'s manager (bin/kueue) and its webhook
         and manager configuration YAMLs (config/)
+  jobset print the folder holding JobSet ${JOBSET_VERSION}'s manager (bin/jobset) and its
+        webhook, manager configuration and ClusterRole YAMLs (config/)
 env: KUBEBUILDER_ASSETS (use these binaries), TESSERA_CACHE (default ~/.cache/tessera)
 EOF
 }
@@ -80,7 +84,7 @@ holds_binaries() {
 
 no_go() {
 	log "$1"
-	if [[ "${MODE}" == crds || "${MODE}" == kueue ]]; then
+	if [[ "${MODE}" == crds || "${MODE}" == kueue || "${MODE}" == jobset ]]; then
 		log "${MODE} comes from Go modules: install Go >= 1.${GO_MIN_MINOR} and rerun $0 ${MODE}"
 	else
 		cat >&2 <<EOF
@@ -347,52 +351,99 @@ ensure_crds() {
 	printf '%s\n' "${final}"
 }
 
-# Kueue's manager from its published module, the way its Makefile builds bin/manager, with
-# the same environment as the Kubernetes build (static, local toolchain, module cache in the
-# cache). Its go.mod has no replace lines, so a scratch module that requires it builds it as
-# released; the k8s.io libraries stay at the versions Kueue pins.
-build_kueue() {
-	local work dir gomod version_pkg=sigs.k8s.io/kueue/pkg/version info date started=${SECONDS}
-	new_workdir "kueue-${KUEUE_VERSION}"
+# A controller manager from its published module, the way its project's Makefile builds
+# bin/manager, with the same environment as the Kubernetes build (static, local toolchain,
+# module cache in the cache). Kueue's and JobSet's go.mod have no replace lines, so a scratch
+# module that requires the release builds it as released; the k8s.io libraries stay at the
+# versions the project pins. Writes <final>/bin/<binary>, <final>/VERSIONS and copies what an
+# install of the release registers (its webhooks and default manager configuration, from
+# config/components, and any further files of config/components named after the minutes)
+# into <final>/config.
+#   build_manager <name> <module> <version> <main package> <version package> <minutes> \
+#       [<file under config/components>...]
+build_manager() {
+	local name=$1 module=$2 version=$3 package=$4 version_pkg=$5 minutes=$6
+	local extra=("${@:7}") file work dir gomod info date started=${SECONDS}
+	new_workdir "${name}-${version}"
 	work=${WORK}
-	gomod=$(module_field "sigs.k8s.io/kueue@${KUEUE_VERSION}" GoMod)
-	dir=$(module_field "sigs.k8s.io/kueue@${KUEUE_VERSION}" Dir)
-	[[ -f "${gomod}" && -d "${dir}" ]] || die "could not download sigs.k8s.io/kueue@${KUEUE_VERSION}"
-	info=$(module_field "sigs.k8s.io/kueue@${KUEUE_VERSION}" Info)
+	gomod=$(module_field "${module}@${version}" GoMod)
+	dir=$(module_field "${module}@${version}" Dir)
+	[[ -f "${gomod}" && -d "${dir}" ]] || die "could not download ${module}@${version}"
+	info=$(module_field "${module}@${version}" Info)
 	date=$(sed -n 's/.*"Time": *"\([^"]*\)".*/\1/p' "${info}")
 	mkdir -p "${work}/src" "${work}/bin" "${work}/config"
 	{
-		printf 'module tessera.invalid/e2e/kueue\n\n'
+		printf 'module tessera.invalid/e2e/%s\n\n' "${name}"
 		go_and_godebug_lines "${gomod}"
-		printf '\nrequire sigs.k8s.io/kueue %s\n' "${KUEUE_VERSION}"
+		printf '\nrequire %s %s\n' "${module}" "${version}"
 	} >"${work}/src/go.mod"
-	log "go build Kueue ${KUEUE_VERSION} (about 5 minutes cold on 2 cores)"
+	log "go build ${module} ${version} (about ${minutes} minutes cold on 2 cores)"
 	run_child nice -n 10 go -C "${work}/src" build -p "$(parallelism)" -trimpath \
-		-ldflags "-s -w -X ${version_pkg}.GitVersion=${KUEUE_VERSION} -X ${version_pkg}.BuildDate=${date:-1970-01-01T00:00:00Z}" \
-		-o "${work}/bin/kueue" sigs.k8s.io/kueue/cmd/kueue
-	# What an install of this release registers: its webhooks (with the kustomize patches
-	# the e2e fixtures apply themselves) and its default manager configuration.
+		-ldflags "-s -w $(manager_version_flags "${name}" "${version_pkg}" "${version}" "${date}")" \
+		-o "${work}/bin/${name}" "${package}"
 	cp -- "${dir}/config/components/webhook/manifests.yaml" "${work}/config/webhooks.yaml"
 	cp -- "${dir}/config/components/manager/controller_manager_config.yaml" \
 		"${work}/config/controller_manager_config.yaml"
+	for file in "${extra[@]}"; do
+		cp -- "${dir}/config/components/${file}" "${work}/config/${file##*/}"
+	done
 	chmod 0644 "${work}"/config/*.yaml
-	printf 'kueue %s\nbuilt with %s on %s\n' "${KUEUE_VERSION}" "$(go env GOVERSION)" \
+	printf '%s %s\nbuilt with %s on %s\n' "${name}" "${version}" "$(go env GOVERSION)" \
 		"$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"${work}/VERSIONS"
-	publish "${work}" "${CACHE}/kueue-${KUEUE_VERSION}"
-	log "built Kueue in $((SECONDS - started)) s"
+	publish "${work}" "${CACHE}/${name}-${version}"
+	log "built ${name} in $((SECONDS - started)) s"
 }
 
-ensure_kueue() {
-	local final="${CACHE}/kueue-${KUEUE_VERSION}"
-	if [[ ! -x "${final}/bin/kueue" || ! -f "${final}/config/webhooks.yaml" ]]; then
+# The variables each project's Makefile stamps into its version package. JobSet's Makefile
+# stamps a git commit too; the module zip has none, so the release tag stands in for it.
+manager_version_flags() {
+	local name=$1 version_pkg=$2 version=$3 date=$4
+	case "${name}" in
+	kueue)
+		printf '%s\n' "-X ${version_pkg}.GitVersion=${version} -X ${version_pkg}.BuildDate=${date:-1970-01-01T00:00:00Z}"
+		;;
+	jobset)
+		printf '%s\n' "-X ${version_pkg}.GitVersion=${version} -X ${version_pkg}.GitCommit=${version}"
+		;;
+	*) die "no version flags known for ${name}" ;;
+	esac
+}
+
+# Whether <final> holds everything build_manager puts there for these arguments.
+#   holds_manager <final> <build_manager arguments>...
+holds_manager() {
+	local final=$1 name=$2 file
+	[[ -x "${final}/bin/${name}" && -f "${final}/config/webhooks.yaml" ]] || return 1
+	for file in "${@:8}"; do
+		[[ -f "${final}/config/${file##*/}" ]] || return 1
+	done
+}
+
+# Prints the folder holding a manager, building it first when the cache lacks it.
+#   ensure_manager <name> <version> <build_manager arguments after name>...
+ensure_manager() {
+	local name=$1 version=$3 final="${CACHE}/${1}-${3}"
+	if ! holds_manager "${final}" "$@"; then
 		require_go
 		go_env
 		take_lock
-		if [[ ! -x "${final}/bin/kueue" || ! -f "${final}/config/webhooks.yaml" ]]; then
-			build_kueue
-		fi
+		# Another run may have finished the build while this one waited for the lock.
+		holds_manager "${final}" "$@" || build_manager "$@"
 	fi
 	printf '%s\n' "${final}"
+}
+
+ensure_kueue() {
+	ensure_manager kueue sigs.k8s.io/kueue "${KUEUE_VERSION}" sigs.k8s.io/kueue/cmd/kueue \
+		sigs.k8s.io/kueue/pkg/version 5
+}
+
+# JobSet's main package is the root of its module (main.go), not a cmd/ folder. Its
+# ClusterRoles too: the e2e stack runs it as its own ServiceAccount, with the RBAC its
+# install grants, because Tessera's webhook tells the JobSet controller by its username.
+ensure_jobset() {
+	ensure_manager jobset sigs.k8s.io/jobset "${JOBSET_VERSION}" sigs.k8s.io/jobset \
+		sigs.k8s.io/jobset/pkg/version 3 rbac/role.yaml rbac/auth_proxy_role.yaml
 }
 
 main() {
@@ -401,6 +452,7 @@ main() {
 	bin) ensure_binaries ;;
 	crds) ensure_crds ;;
 	kueue) ensure_kueue ;;
+	jobset) ensure_jobset ;;
 	-h | --help) usage ;;
 	*)
 		usage >&2

@@ -27,13 +27,14 @@ from loadtest.stack.controlplane import (
     BinariesUnavailableError,
     find_binaries,
     find_crds,
+    find_jobset,
     find_kueue,
 )
 
 HOW_TO_GET_BINARIES = (
     "no Kubernetes control-plane binaries: set KUBEBUILDER_ASSETS to a folder holding etcd, "
     "kube-apiserver, kube-scheduler, kube-controller-manager and kubectl (v1.36), or install "
-    "Go >= 1.26 and run tests/e2e/build_binaries.sh (and its modes crds and kueue)"
+    "Go >= 1.26 and run tests/e2e/build_binaries.sh (and its modes crds, kueue and jobset)"
 )
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,7 @@ class Assets:
     binaries: Path | None
     crds: Path | None
     kueue: Path | None
+    jobset: Path | None
     missing: str = ""
 
 
@@ -64,23 +66,36 @@ def assets(request: pytest.FixtureRequest) -> Assets:
                 find_binaries(progress=sys.stderr),
                 find_crds(progress=sys.stderr),
                 find_kueue(progress=sys.stderr),
+                find_jobset(progress=sys.stderr),
             )
     except BinariesUnavailableError as exc:
         # The script's full explanation went to the terminal above; the skip reason, which
         # pytest repeats per test module, keeps to one line.
         why = str(exc).splitlines()[0].split("] ", 1)[-1] if str(exc) else "unavailable"
-        return Assets(None, None, None, f"{HOW_TO_GET_BINARIES} (build_binaries.sh: {why})")
+        return Assets(None, None, None, None, f"{HOW_TO_GET_BINARIES} (build_binaries.sh: {why})")
 
 
 @pytest.fixture(scope="session")
 def e2e(assets: Assets, tmp_path_factory: pytest.TempPathFactory) -> Iterator[E2ECluster]:
-    if assets.binaries is None or assets.crds is None or assets.kueue is None:
+    if (
+        assets.binaries is None
+        or assets.crds is None
+        or assets.kueue is None
+        or assets.jobset is None
+    ):
         pytest.skip(assets.missing)
-    binaries, crds, kueue = assets.binaries, assets.crds, assets.kueue
+    binaries, crds, kueue, jobset = assets.binaries, assets.crds, assets.kueue, assets.jobset
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if main else None
     try:
-        cluster = bring_up(binaries, crds, kueue, tmp_path_factory.mktemp("e2e"), SystemClock())
+        cluster = bring_up(
+            binaries,
+            crds,
+            kueue,
+            jobset,
+            workdir=tmp_path_factory.mktemp("e2e"),
+            clock=SystemClock(),
+        )
         atexit.register(cluster.stop)
         try:
             yield cluster

@@ -165,7 +165,8 @@ def test_jobs_that_can_never_run_are_refused_with_tesseras_message(
 
 
 def _jobset(name: str) -> dict[str, Any]:
-    """A JobSet of one CPU-only Job, as a user would create it (no controller runs it here)."""
+    """A JobSet of one CPU-only Job, as a user would create it (the JobSet controller may
+    run it; the scenario needs only that it exists)."""
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",

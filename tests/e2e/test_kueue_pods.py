@@ -6,8 +6,8 @@ A notebook is one Pod, not a Job: what holds it for Kueue is a scheduling gate, 
 makes a Workload for the Pod, admits it, and lifts the gate (a pod UPDATE that Tessera's
 webhook lets through); kube-scheduler then places it through the extender.
 
-A JobSet is not run here: no JobSet controller runs in the suite (JobSet's CRDs are
-installed, and Tessera's and Kueue's webhooks both mutate JobSets, see test_admission.py).
+The other half of scenario 5, a JobSet run by the real JobSet controller, is
+test_kueue_jobsets.py.
 """
 
 from __future__ import annotations
