@@ -53,6 +53,22 @@ def _json(value: Any) -> str:
     return jsonio.dumps_pretty(value).decode()
 
 
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (a Job's script) as YAML literal blocks, readable as written."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_BlockDumper.add_representer(str, _str)
+
+
+def _yaml(value: Any) -> str:
+    return yaml.dump(value, Dumper=_BlockDumper, sort_keys=False)
+
+
 # ---------------------------------------------------------------- tessera nodes
 
 
@@ -372,7 +388,7 @@ async def sbatch(
     if output == "json":
         return Output(_json(job), tuple(notes))
     if output == "yaml":
-        return Output(yaml.safe_dump(job, sort_keys=False), tuple(notes))
+        return Output(_yaml(job), tuple(notes))
     verb = "would be created (dry run)" if dry_run else "created"
     lines = [f"job.batch/{job['metadata']['name']} {verb}", *(f"  {s}" for s in summary(job))]
     return Output("\n".join(lines) + "\n", tuple(notes))

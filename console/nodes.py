@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from cluster.convert import format_rfc3339
 from cluster.labels import HOSTNAME
 from cluster.model import MILLI_PER_GPU, NodeName, NodeState, PodDemand, level_short_name
 from cluster.snapshot import Snapshot
@@ -76,7 +77,7 @@ class NodeRow:
             "islands_total": self.islands_total,
             "islands_free": self.islands_free,
             "gang_pods_now": self.gang_pods,
-            "drain_after": self.drain_after,
+            "drain_after": _stamp(self.drain_after),
             "cordoned": self.cordoned,
         }
 
@@ -155,13 +156,18 @@ class NodesReport:
             "draining": [
                 {
                     "node": d.node,
-                    "drain_after": d.at,
+                    "drain_after": _stamp(d.at),
                     "in_s": d.in_s,
                     "gpus_allocated": d.gpus_allocated,
                 }
                 for d in self.drains
             ],
         }
+
+
+def _stamp(when: datetime | None) -> str | None:
+    """A time as the annotation holds it (``2026-12-01T02:00:00Z``), for JSON."""
+    return None if when is None else format_rfc3339(when)
 
 
 def flavors_of(node: NodeState, flavors: Iterable[Flavor]) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from cluster import jsonio, labels
 from cluster.clock import ManualClock
@@ -71,6 +72,7 @@ def test_nodes_json_has_the_shape_scripts_rely_on(
     assert shown["totals"]["gpus_free"] == sum(n["gpus_free"] for n in shown["nodes"]) == 40
     assert shown["draining"][0]["node"] == "gpu-r2-1"
     assert shown["draining"][0]["in_s"] == 7200
+    assert by_name["gpu-r2-1"]["drain_after"] == "2026-01-01T08:00:00Z"
 
 
 def test_nodes_table_groups_by_product_flavor_block_and_rack(
@@ -172,8 +174,12 @@ def test_sbatch_dry_run_prints_the_job(tmp_path: Path, capsys: pytest.CaptureFix
         "-n",
         "team-nlp",
     )
-    assert "kueue.x-k8s.io/queue-name: training" in out
-    assert "completionMode: Indexed" in out
+    job = yaml.safe_load(out)
+    assert job["metadata"]["labels"] == {labels.QUEUE_NAME: "training"}
+    assert job["spec"]["completionMode"] == "Indexed"
+    # the script reads back exactly as written, kept as a literal block
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][2] == SCRIPT
+    assert "- |\n" in out
     script.write_text("#SBATCH --exclusive\n")
     _, err = tessera(capsys, "sbatch", str(script), "--dry-run", "--image", "i", code=1)
     assert "#SBATCH --exclusive is not supported" in err
