@@ -19,6 +19,7 @@ COPY webhook/ webhook/
 COPY extender/ extender/
 COPY certs/ certs/
 COPY loadtest/ loadtest/
+COPY console/ console/
 # The project's wheel and every dependency's. The build backend (hatchling) lives only in
 # pip's isolated build environment in this stage; --only-binary keeps compilers out: every
 # dependency ships manylinux wheels.

@@ -40,7 +40,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -266,6 +266,16 @@ def parse_rfc3339(value: str) -> datetime:
         return datetime.fromisoformat(f"{match['date']}T{match['time']}{frac}{zone}")
     except ValueError as exc:
         raise AnnotationError(f"{echo(value)} is not a valid time: {exc}") from None
+
+
+def format_rfc3339(when: datetime) -> str:
+    """The ``tessera.dev/drain-after`` value for ``when``: UTC, whole seconds, ``Z``
+    (``2026-12-01T02:00:00Z``), the inverse of ``parse_rfc3339``. A naive time is no
+    time at all (which zone?) and raises ``ValueError``; fractions of a second are cut,
+    which moves a drain earlier, never later."""
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise ValueError(f"{when.isoformat()} has no time zone")
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _positive_int(value: str) -> int:

@@ -102,6 +102,9 @@ DEFAULT_QUEUE: Final[str] = "tessera.dev/default-queue"
 JOB_NAME: Final[str] = "batch.kubernetes.io/job-name"
 """Label the job controller puts on a Job's pods."""
 
+JOB_COMPLETION_INDEX: Final[str] = "batch.kubernetes.io/job-completion-index"
+"""Annotation the job controller puts on each pod of an Indexed Job: the pod's index."""
+
 JOBSET_NAME: Final[str] = "jobset.sigs.k8s.io/jobset-name"
 """Label the JobSet controller puts on its Jobs and pods."""
 

@@ -347,3 +347,55 @@ def wpc_obj(name: str, value: Any) -> dict[str, Any]:
         "metadata": {"name": name},
         "value": value,
     }
+
+
+def workload_obj(
+    name: str,
+    namespace: str = "team-nlp",
+    *,
+    queue: str = "training",
+    gpus: int = 8,
+    count: int = 1,
+    created: str = "2026-01-01T00:00:00Z",
+    admitted_at: str | None = None,
+    cluster_queue: str = "training",
+    flavor: str = "h100",
+    finished: bool = False,
+) -> dict[str, Any]:
+    """A Kueue Workload of ``count`` pods of ``gpus`` GPUs each; ``admitted_at``: its
+    quota was reserved then in ``cluster_queue`` on ``flavor``."""
+    template = {
+        "metadata": {},
+        "spec": {"containers": [gpu_container(gpus=gpus)], "restartPolicy": "Never"},
+    }
+    status: dict[str, Any] = {"conditions": []}
+    if admitted_at is not None:
+        for kind in ("QuotaReserved", "Admitted"):
+            status["conditions"].append(
+                {"type": kind, "status": "True", "lastTransitionTime": admitted_at}
+            )
+        status["admission"] = {
+            "clusterQueue": cluster_queue,
+            "podSetAssignments": [
+                {
+                    "name": "main",
+                    "count": count,
+                    "flavors": {keys.GPU_RESOURCE: flavor},
+                    "resourceUsage": {keys.GPU_RESOURCE: str(gpus * count)},
+                }
+            ],
+        }
+    if finished:
+        status["conditions"].append(
+            {"type": "Finished", "status": "True", "lastTransitionTime": created}
+        )
+    return {
+        "apiVersion": KUEUE,
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": created},
+        "spec": {
+            "queueName": queue,
+            "podSets": [{"name": "main", "count": count, "template": template}],
+        },
+        "status": status,
+    }

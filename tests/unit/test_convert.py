@@ -19,6 +19,7 @@ from cluster.convert import (
     DemandError,
     format_indices,
     format_islands,
+    format_rfc3339,
     node_from_json,
     parse_index_list,
     parse_islands,
@@ -834,6 +835,28 @@ def test_islands_checked_against_the_gpu_count() -> None:
 def test_rfc3339_rejects_naive_times() -> None:
     with pytest.raises(AnnotationError):
         parse_rfc3339("2026-12-01T02:00:00")
+
+
+@given(
+    st.datetimes(
+        min_value=datetime(1970, 1, 2),  # noqa: DTZ001 - hypothesis wants naive bounds
+        max_value=datetime(9999, 12, 30),  # noqa: DTZ001
+        timezones=st.sampled_from(
+            [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(-timedelta(hours=8))]
+        ),
+    )
+)
+def test_a_formatted_drain_time_reads_back_as_the_same_instant_to_the_second(
+    when: datetime,
+) -> None:
+    text = format_rfc3339(when)
+    assert text.endswith("Z")
+    assert parse_rfc3339(text) == when.replace(microsecond=0)
+
+
+def test_format_rfc3339_refuses_a_naive_time() -> None:
+    with pytest.raises(ValueError, match="no time zone"):
+        format_rfc3339(datetime(2026, 12, 1, 2, 0))  # noqa: DTZ001
 
 
 def test_format_indices() -> None:

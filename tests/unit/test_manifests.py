@@ -396,6 +396,33 @@ def test_the_extender_watches_nodes_and_pods_and_binds_nothing_more() -> None:
     }
 
 
+def test_the_console_reads_queues_and_pods_and_writes_only_node_annotations_events_and_jobs() -> (
+    None
+):
+    """What ``tessera`` does with it: ``nodes``/``queues`` list, ``drain``/``undrain``/
+    ``gpu-health`` get and patch a node and create an Event, ``sbatch`` creates a Job.
+    Left unbound: an admin binds it to the platform team."""
+    assert rules(one("ClusterRole", "tessera-console")) == {
+        (("",), ("nodes",), ("get", "list", "patch"), ()),
+        (("",), ("pods",), ("list",), ()),
+        (("",), ("events",), ("create",), ()),
+        (
+            ("kueue.x-k8s.io",),
+            (
+                "clusterqueues",
+                "localqueues",
+                "resourceflavors",
+                "topologies",
+                "workloadpriorityclasses",
+                "workloads",
+            ),
+            ("list",),
+            (),
+        ),
+        (("batch",), ("jobs",), ("create",), ()),
+    }
+
+
 def test_kube_scheduler_may_renew_only_its_own_lease() -> None:
     role = one("Role", "tessera-scheduler-leader-election")
     assert role["metadata"]["namespace"] == NAMESPACE
@@ -444,6 +471,7 @@ def test_each_service_account_is_bound_to_exactly_what_it_needs() -> None:
     assert roles == {
         ("ClusterRole", "tessera-webhook"),
         ("ClusterRole", "tessera-extender"),
+        ("ClusterRole", "tessera-console"),
         ("Role", "tessera-scheduler-leader-election"),
     }
 

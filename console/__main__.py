@@ -1,0 +1,242 @@
+"""``tessera``: the platform team's console (``python -m console``).
+
+Layer: ROOT. The only module of the console that reads the environment: every flag has a
+``TESSERA_CONSOLE_<FLAG>`` variable, and ``KUBECONFIG`` is honoured as kubectl honours
+it. Must not decide anything: it parses, opens the cluster (a file, a kubeconfig, or the
+pod's service account), runs one command and prints. Exits 0 on success, 1 with one line
+on stderr when the command cannot do what was asked, 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from cluster.cli import env_bool, env_value
+from cluster.clock import Clock, SystemClock
+from cluster.files import ObjectFileError
+from cluster.kube import KubeClient, KubeConfig, KubeError
+from console import annotate, commands
+from console.commands import ConsoleError, Output
+from console.source import ApiSource, FileSource, ReadOnlyError, Source
+
+PROG = "tessera"
+ENV_PREFIX = "TESSERA_CONSOLE_"
+EXAMPLES = """\
+examples:
+  tessera nodes                                  # GPUs per product, flavor, block, rack
+  tessera nodes --by-node --cluster-file cluster.yaml
+  tessera nodes --node gpu-a-0 -o json
+  tessera queues
+  tessera drain gpu-a-0 --at 2026-12-01T02:00:00Z --reason "driver 570"
+  tessera undrain gpu-a-0
+  tessera gpu-health gpu-a-0 --unhealthy 3,5 --reason "XID 79"
+  tessera sbatch train.sbatch --queue-map gpu=training --image registry/train:1 --dry-run
+"""
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Tessera's console: GPUs, queues, drains and Slurm scripts.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    common = argparse.ArgumentParser(add_help=False)
+
+    def flag(target: argparse.ArgumentParser, name: str, *short: str, **kwargs: Any) -> None:
+        default = env_value(environ, ENV_PREFIX, name)
+        if default is None:
+            default = kwargs.pop("default", None)
+        else:
+            kwargs.pop("default", None)
+        target.add_argument(*short, f"--{name}", default=default, **kwargs)
+
+    flag(common, "cluster-file", help="read the cluster from this file (kubectl get -o yaml)")
+    flag(
+        common,
+        "kubeconfig",
+        help="talk to the cluster through this kubeconfig (default: $KUBECONFIG, "
+        "~/.kube/config, then the pod's service account)",
+    )
+    flag(common, "context", help="the kubeconfig context to use (default: its current one)")
+    flag(
+        common,
+        "output",
+        "-o",
+        choices=("table", "json", "yaml"),
+        default="table",
+        help="table (default), json, or yaml (sbatch only)",
+    )
+    commands_ = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    nodes = commands_.add_parser(
+        "nodes", parents=[common], help="GPUs total/allocated/free/unhealthy, like sinfo"
+    )
+    flag(nodes, "node", help="one node, GPU by GPU")
+    nodes.add_argument(
+        "--by-node",
+        action=argparse.BooleanOptionalAction,
+        default=env_bool(environ, ENV_PREFIX, "by-node", parser) or False,
+        help="one row per node instead of per product, flavor and domain",
+    )
+    flag(
+        nodes,
+        "topology-levels",
+        help="name=node-label pairs, widest first, as the extender's flag (default: the "
+        "levels of the Kueue Topology objects)",
+    )
+    flag(nodes, "gang-gpus", type=int, default=8, help="GPUs of one gang pod (default 8)")
+
+    commands_.add_parser(
+        "queues", parents=[common], help="workloads, GPUs, quota and waits per queue, like squeue"
+    )
+
+    def writer(name: str, help: str) -> argparse.ArgumentParser:
+        sub = commands_.add_parser(name, parents=[common], help=help)
+        sub.add_argument("node_name", metavar="NODE")
+        flag(sub, "reason", default="", help="why, for the Event on the node")
+        sub.add_argument("--dry-run", action="store_true", help="print the change, write nothing")
+        return sub
+
+    drain = writer("drain", "set the node's maintenance window (tessera.dev/drain-after)")
+    drain.add_argument("--at", required=True, help="RFC 3339 time, now, or +2h")
+    writer("undrain", "remove the node's maintenance window")
+    health = writer("gpu-health", "mark GPUs unhealthy (tessera.dev/unhealthy-gpus)")
+    health.add_argument(
+        "--unhealthy", required=True, help="GPU indices (3,5 or 0-3); '' marks all healthy"
+    )
+
+    sbatch = commands_.add_parser(
+        "sbatch", parents=[common], help="a Slurm batch script as an Indexed Job"
+    )
+    sbatch.add_argument("script", metavar="FILE")
+    flag(sbatch, "queue-map", default="", help="partition=queue pairs, comma-separated")
+    flag(sbatch, "image", help="container image the script runs in")
+    flag(sbatch, "namespace", "-n", default="default", help="namespace of the Job")
+    sbatch.add_argument("--dry-run", action="store_true", help="print the Job, create nothing")
+    return parser
+
+
+def kubeconfig_path(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """The kubeconfig to use, as kubectl finds one; None: in-cluster."""
+    if args.kubeconfig:
+        return str(args.kubeconfig)
+    if environ.get("KUBECONFIG"):
+        return environ["KUBECONFIG"]
+    home = environ.get("HOME")
+    if home and (Path(home) / ".kube" / "config").is_file():
+        return str(Path(home) / ".kube" / "config")
+    return None
+
+
+async def run(args: argparse.Namespace, environ: Mapping[str, str], clock: Clock) -> Output:
+    """Open the cluster the flags name and run the command on it."""
+    async with AsyncExitStack() as stack:
+        source: Source | None = None
+        if args.cluster_file:
+            source = FileSource(Path(args.cluster_file))
+        elif not (args.command == "sbatch" and args.dry_run):
+            path = kubeconfig_path(args, environ)
+            if path is not None:
+                config = await KubeConfig.from_kubeconfig(path, context=args.context)
+            else:
+                config = KubeConfig.in_cluster(environ)
+            client = await stack.enter_async_context(
+                KubeClient(config, clock=clock, user_agent="tessera-console")
+            )
+            source = ApiSource(client)
+        return await _command(args, source, clock)
+    raise AssertionError("unreachable")  # pragma: no cover - the stack re-raises or returns
+
+
+def _command(args: argparse.Namespace, source: Source | None, clock: Clock) -> Awaitable[Output]:
+    output = args.output
+    if output == "yaml" and args.command != "sbatch":
+        raise ConsoleError("-o yaml is for sbatch; use -o json")
+    if args.command == "sbatch":
+        return _sbatch(args, source)
+    if source is None:  # pragma: no cover - run() opens one for every other command
+        raise ConsoleError("no cluster to read")
+    if args.command == "nodes":
+        return commands.nodes(
+            source,
+            clock,
+            output=output,
+            levels=args.topology_levels,
+            node=args.node,
+            gang_gpus=int(args.gang_gpus),
+            by_node=args.by_node,
+        )
+    if args.command == "queues":
+        return commands.queues(source, clock, output=output)
+    decide: Callable[..., annotate.NodeWrite]
+    if args.command == "drain":
+        try:
+            when = annotate.drain_time(args.at, clock.now())
+        except annotate.WriteError as exc:
+            raise ConsoleError(str(exc)) from None
+        decide = partial(annotate.drain, when=when, reason=args.reason)
+    elif args.command == "undrain":
+        decide = partial(annotate.undrain, reason=args.reason)
+    else:
+        decide = partial(annotate.gpu_health, unhealthy=args.unhealthy, reason=args.reason)
+    return commands.write_node(
+        source, clock, args.node_name, decide, output=output, dry_run=args.dry_run
+    )
+
+
+def _sbatch(args: argparse.Namespace, source: Source | None) -> Awaitable[Output]:
+    path = Path(args.script)
+    try:
+        script = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConsoleError(f"cannot read {path}: {exc}") from None
+    return commands.sbatch(
+        source,
+        script,
+        path.name,
+        namespace=args.namespace,
+        image=args.image,
+        queue_map=args.queue_map,
+        output=args.output,
+        dry_run=args.dry_run,
+    )
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    clock: Clock | None = None,
+) -> int:
+    env = dict(os.environ) if environ is None else environ
+    parser = build_parser(env)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "nodes":
+        try:
+            args.gang_gpus = int(args.gang_gpus)
+        except ValueError:
+            parser.exit(2, f"{PROG}: error: --gang-gpus {args.gang_gpus!r} is not a number\n")
+        if args.gang_gpus < 1:
+            parser.exit(2, f"{PROG}: error: --gang-gpus must be at least 1\n")
+    try:
+        result = asyncio.run(run(args, env, clock or SystemClock()))
+    except (ConsoleError, ObjectFileError, KubeError, ReadOnlyError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    for note in result.notes:
+        print(note, file=sys.stderr)
+    sys.stdout.write(result.text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""``tessera`` as an operator runs it: against a cluster file, and against a (fake)
+kube-apiserver over real sockets, where its writes land as a node annotation and an Event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cluster import jsonio, labels
+from cluster.clock import ManualClock
+from cluster.convert import node_from_json
+from console import annotate
+from console.__main__ import build_parser, main, run
+from console.commands import ConsoleError, Output
+from tests.console_cluster import NOW, example_objects, write_cluster_file
+from tests.fakeapi import FakeApiServer, write_kubeconfig
+
+TOKEN = "console-token"
+KUEUE = "/apis/kueue.x-k8s.io/v1beta2"
+PLURAL = {
+    "Node": "/api/v1/nodes",
+    "Pod": "/api/v1/pods",
+    "ResourceFlavor": f"{KUEUE}/resourceflavors",
+    "Topology": f"{KUEUE}/topologies",
+    "ClusterQueue": f"{KUEUE}/clusterqueues",
+    "LocalQueue": f"{KUEUE}/localqueues",
+    "Workload": f"{KUEUE}/workloads",
+}
+SCRIPT = """#!/bin/bash
+#SBATCH -J pretrain
+#SBATCH -p gpu
+#SBATCH -N 2
+#SBATCH --gres=gpu:8
+#SBATCH -t 2:00:00
+srun python train.py
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_cluster_file(tmp_path_factory.mktemp("console") / "cluster.json")
+
+
+def tessera(capsys: pytest.CaptureFixture[str], *args: str, code: int = 0) -> tuple[str, str]:
+    assert main(list(args), environ={}, clock=ManualClock(NOW)) == code
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return captured.out, captured.err
+
+
+# ---------------------------------------------------------------- a cluster file
+
+
+def test_nodes_json_has_the_shape_scripts_rely_on(
+    cluster_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = tessera(capsys, "nodes", "--cluster-file", str(cluster_file), "-o", "json")
+    shown = jsonio.loads(out)
+    by_name = {n["name"]: n for n in shown["nodes"]}
+    assert len(by_name) == 7
+    assert {
+        k: by_name["gpu-r1-1"][k]
+        for k in ("gpus_total", "gpus_allocated", "gpus_free", "gpus_unhealthy")
+    } == {"gpus_total": 8, "gpus_allocated": 4, "gpus_free": 4, "gpus_unhealthy": 0}
+    assert by_name["gpu-r1-2"]["gpus_unhealthy"] == 1
+    assert by_name["gpu-r3-0"]["flavors"] == ["h100-spot"]
+    assert shown["totals"]["gpus_free"] == sum(n["gpus_free"] for n in shown["nodes"]) == 40
+    assert shown["draining"][0]["node"] == "gpu-r2-1"
+    assert shown["draining"][0]["in_s"] == 7200
+    assert by_name["gpu-r2-1"]["drain_after"] == "2026-01-01T08:00:00Z"
+
+
+def test_nodes_table_groups_by_product_flavor_block_and_rack(
+    cluster_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = tessera(capsys, "nodes", "--cluster-file", str(cluster_file))
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "PRODUCT",
+        "FLAVOR",
+        "TOPOLOGY-BLOCK",
+        "TOPOLOGY-RACK",
+        "NODES",
+        "GPUS",
+        "ALLOC",
+        "FREE",
+        "UNHEALTHY",
+        "ISLANDS-FREE",
+        "GANG8",
+        "DRAINING",
+    ]
+    assert lines[1].split() == [
+        "NVIDIA-H100-80GB-HBM3",
+        "h100-reserved",
+        "b1",
+        "r1",
+        "3",
+        "24",
+        "12",
+        "11",
+        "1",
+        "2",
+        "0",
+        "0",
+    ]
+    assert "gpu-r2-1  2026-01-01T08:00:00Z  2h" in out
+
+
+def test_one_node_gpu_by_gpu(cluster_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, _ = tessera(capsys, "nodes", "--cluster-file", str(cluster_file), "--node", "gpu-r3-0")
+    assert "team-cv/notebook-0    500" in out
+    _, err = tessera(capsys, "nodes", "--cluster-file", str(cluster_file), "--node", "nope", code=1)
+    assert err == "tessera: no GPU node named 'nope'\n"
+
+
+def test_queues_from_a_file(cluster_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out, _ = tessera(capsys, "queues", "--cluster-file", str(cluster_file), "-o", "json")
+    shown = jsonio.loads(out)
+    nlp = {q["name"]: q for q in shown["cluster_queues"]}["nlp"]
+    assert (nlp["pending"], nlp["admitted"], nlp["gpus_pending"]) == (2, 1, 24)
+    assert (nlp["gpus_nominal"], nlp["gpus_borrowed"], nlp["oldest_pending_wait_s"]) == (
+        24,
+        8,
+        3 * 3600,
+    )
+    table, _ = tessera(capsys, "queues", "--cluster-file", str(cluster_file))
+    assert table.splitlines()[0].startswith("CLUSTERQUEUE  COHORT")
+
+
+def test_writes_against_a_file_are_checked_and_printed_but_write_nothing(
+    cluster_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = cluster_file.read_bytes()
+    out, err = tessera(
+        capsys, "gpu-health", "gpu-r1-0", "--unhealthy", "2", "--cluster-file", str(cluster_file)
+    )
+    assert out == "node/gpu-r1-0: GPU 2 marked unhealthy: no new pod is given them (dry run)\n"
+    assert "read-only" in err
+    _, err = tessera(
+        capsys,
+        "gpu-health",
+        "gpu-r1-0",
+        "--unhealthy",
+        "8",
+        "--cluster-file",
+        str(cluster_file),
+        code=1,
+    )
+    assert "has no GPU 8" in err
+    _, err = tessera(capsys, "undrain", "gpu-r1-0", "--cluster-file", str(cluster_file), code=1)
+    assert "has no tessera.dev/drain-after" in err
+    assert cluster_file.read_bytes() == before
+
+
+def test_sbatch_dry_run_prints_the_job(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "train.sbatch"
+    script.write_text(SCRIPT)
+    out, _ = tessera(
+        capsys,
+        "sbatch",
+        str(script),
+        "--dry-run",
+        "-o",
+        "yaml",
+        "--image",
+        "img:1",
+        "--queue-map",
+        "gpu=training",
+        "-n",
+        "team-nlp",
+    )
+    job = yaml.safe_load(out)
+    assert job["metadata"]["labels"] == {labels.QUEUE_NAME: "training"}
+    assert job["spec"]["completionMode"] == "Indexed"
+    # the script reads back exactly as written, kept as a literal block
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][2] == SCRIPT
+    assert "- |\n" in out
+    script.write_text("#SBATCH --exclusive\n")
+    _, err = tessera(capsys, "sbatch", str(script), "--dry-run", "--image", "i", code=1)
+    assert "#SBATCH --exclusive is not supported" in err
+
+
+def test_a_missing_cluster_file_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    _, err = tessera(capsys, "nodes", "--cluster-file", "/nonexistent.yaml", code=1)
+    assert err.startswith("tessera: /nonexistent.yaml: cannot read")
+
+
+# ---------------------------------------------------------------- a kube-apiserver
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeApiServer]:
+    async with FakeApiServer(token=TOKEN) as server:
+        for obj in example_objects():
+            stored: dict[str, Any] = dict(obj)
+            # the API leaves kind and apiVersion off a list's items
+            stored.pop("kind")
+            stored.pop("apiVersion")
+            server.put(PLURAL[obj["kind"]], stored)
+        yield server
+
+
+async def console(api: FakeApiServer, folder: Path, *args: str) -> Output:
+    kubeconfig = write_kubeconfig(folder, api, "operator")
+    env = {"KUBECONFIG": str(kubeconfig)}
+    parsed = build_parser(env).parse_args(list(args))
+    return await run(parsed, env, ManualClock(NOW))
+
+
+async def test_nodes_and_queues_read_the_live_cluster(api: FakeApiServer, tmp_path: Path) -> None:
+    nodes = jsonio.loads((await console(api, tmp_path, "nodes", "-o", "json")).text)
+    assert sum(n["gpus_allocated"] for n in nodes["nodes"]) == 15
+    assert nodes["levels"] == ["topology-block", "topology-rack"]
+    queues = jsonio.loads((await console(api, tmp_path, "queues", "-o", "json")).text)
+    assert [q["name"] for q in queues["cluster_queues"]] == ["cv", "nlp"]
+    lists = {r.path for r in api.requests_of("list")}
+    assert "/api/v1/pods" in lists
+    assert all(r.headers["Authorization"] == f"Bearer {TOKEN}" for r in api.requests)
+
+
+async def test_drain_writes_the_annotation_the_extender_reads_and_an_event(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    shown = await console(
+        api, tmp_path, "drain", "gpu-r1-0", "--at", "+2h", "--reason", "driver 570"
+    )
+    assert shown.text.startswith("node/gpu-r1-0: drain after 2026-01-01T08:00:00Z")
+    node = api.objects("/api/v1/nodes")["gpu-r1-0"]
+    assert node["metadata"]["annotations"][labels.DRAIN_AFTER] == "2026-01-01T08:00:00Z"
+    assert node_from_json(node).drain_after == NOW.replace(hour=8)
+    (event,) = api.objects("/api/v1/events").values()
+    assert event["involvedObject"]["name"] == "gpu-r1-0"
+    assert event["involvedObject"]["uid"] == node["metadata"]["uid"]
+    assert (event["reason"], event["type"]) == (annotate.REASON_DRAIN, "Normal")
+    assert "driver 570" in event["message"]
+    (patch,) = api.requests_of("patch")
+    assert patch.headers["Content-Type"] == "application/merge-patch+json"
+
+    await console(api, tmp_path, "undrain", "gpu-r1-0")
+    node = api.objects("/api/v1/nodes")["gpu-r1-0"]
+    assert labels.DRAIN_AFTER not in node["metadata"]["annotations"]
+    assert sorted(e["reason"] for e in api.objects("/api/v1/events").values()) == [
+        annotate.REASON_DRAIN,
+        annotate.REASON_UNDRAIN,
+    ]
+
+
+async def test_gpu_health_marks_gpus_and_refuses_ones_the_node_lacks(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    await console(
+        api, tmp_path, "gpu-health", "gpu-r2-0", "--unhealthy", "3,5", "--reason", "XID 79"
+    )
+    node = api.objects("/api/v1/nodes")["gpu-r2-0"]
+    assert node["metadata"]["annotations"][labels.UNHEALTHY_GPUS] == "3,5"
+    assert [g.index for g in node_from_json(node).gpus if not g.healthy] == [3, 5]
+    (event,) = api.objects("/api/v1/events").values()
+    assert (event["reason"], event["type"]) == (annotate.REASON_GPU_HEALTH, "Warning")
+
+    with pytest.raises(ConsoleError, match="has no GPU 9"):
+        await console(api, tmp_path, "gpu-health", "gpu-r2-0", "--unhealthy", "9")
+    with pytest.raises(ConsoleError, match="no node named 'gone'"):
+        await console(api, tmp_path, "drain", "gone", "--at", "now")
+    assert len(api.requests_of("patch")) == 1
+
+
+async def test_dry_run_writes_nothing(api: FakeApiServer, tmp_path: Path) -> None:
+    shown = await console(
+        api, tmp_path, "drain", "gpu-r1-0", "--at", "now", "--dry-run", "-o", "json"
+    )
+    assert jsonio.loads(shown.text)["dry_run"] is True
+    assert api.requests_of("patch") == api.requests_of("post") == []
+
+
+async def test_sbatch_creates_the_job_through_the_api(api: FakeApiServer, tmp_path: Path) -> None:
+    script = tmp_path / "pretrain.sbatch"
+    script.write_text(SCRIPT)
+    shown = await console(
+        api,
+        tmp_path,
+        "sbatch",
+        str(script),
+        "--image",
+        "img:1",
+        "--queue-map",
+        "gpu=training",
+        "-n",
+        "team-nlp",
+    )
+    assert shown.text.splitlines()[0] == "job.batch/pretrain created"
+    job = api.objects("/apis/batch/v1/jobs")["team-nlp/pretrain"]
+    assert job["metadata"]["labels"][labels.QUEUE_NAME] == "training"
+    assert (job["spec"]["parallelism"], job["spec"]["activeDeadlineSeconds"]) == (2, 7200)
