@@ -6,8 +6,8 @@ in its short form, so that CI can run ``make demo`` quickly). Subcommands: ``dem
 demo``), ``latency``, ``soak``, ``placement`` (the FGD method, ``loadtest.placement``)
 ``selfcheck`` (the cluster-model check without servers), and ``bench-webhook`` /
 ``bench-extender`` / ``overload``, which hand their arguments to
-``loadtest.bench_webhook.main`` / ``loadtest.bench_extender.main`` /
-``loadtest.overload.main`` unchanged.
+``loadtest.bench_webhook.main`` (``loadtest.bench_kueue.main`` with ``--against``) /
+``loadtest.bench_extender.main`` / ``loadtest.overload.main`` unchanged.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ examples:
   python -m loadtest placement --quick          # FGD-style placement quality on openb
   python -m loadtest selfcheck                  # the cluster model alone, no servers
   python -m loadtest bench-webhook --help       # the webhook benchmark (loadtest.bench_webhook)
+  python -m loadtest bench-webhook --against kueue   # side by side with Kueue's webhook
   python -m loadtest bench-extender --help      # the extender benchmark (loadtest.bench_extender)
   python -m loadtest overload --server webhook  # 1x, 2x, 3x the sustained rate (loadtest.overload)
 
@@ -314,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         return code
     if argv[:1] in (["bench-webhook"], ["bench-extender"], ["overload"]):
         # The benchmarks keep their own flags; this is only a way in.
-        if argv[0] == "bench-webhook":
+        if argv[0] == "bench-webhook" and any(a.startswith("--against") for a in argv):
+            from loadtest.bench_kueue import main as bench  # noqa: PLC0415 - heavy
+        elif argv[0] == "bench-webhook":
             from loadtest.bench_webhook import main as bench  # noqa: PLC0415 - heavy
         elif argv[0] == "bench-extender":
             from loadtest.bench_extender import main as bench  # noqa: PLC0415 - heavy

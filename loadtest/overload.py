@@ -56,22 +56,24 @@ from cluster.tls import client_context
 from loadtest.bench_extender import LEVELS, args_body, probe_pod, write_cluster
 from loadtest.bench_webhook import DEFAULT_CAPTURES as CAPTURES
 from loadtest.bench_webhook import (
+    load_captured_review,
+    make_certs,
+    policy_objects,
+    run_and_report,
+    write_policy,
+)
+from loadtest.openloop import Http1Connection, RequestFailed, RunResult, Schedule, Send
+from loadtest.openloop import run_open_loop as open_loop
+from loadtest.pinned import Pinned, free_port, proc_cpu_s, proc_memory
+from loadtest.review_steps import (
     HEADERS,
     SERVER_NAME,
     BenchError,
     ReviewTemplate,
     check_answer,
     in_generator_process,
-    load_captured_review,
-    make_certs,
-    policy_objects,
-    run_and_report,
     uid_prefix,
-    write_policy,
 )
-from loadtest.openloop import Http1Connection, RequestFailed, RunResult, Schedule, Send
-from loadtest.openloop import run_open_loop as open_loop
-from loadtest.pinned import Pinned, free_port, proc_cpu_s, proc_memory
 
 MB: Final = 1024 * 1024
 TARGET_MULTIPLE: Final = 3.0

@@ -18,16 +18,7 @@ from prometheus_client import Histogram as PromHistogram
 
 from cluster import jsonio
 from cluster.clock import ManualClock, SystemClock
-from loadtest.bench_webhook import (
-    VARIANT_ANNOTATION,
-    Criteria,
-    ReviewTemplate,
-    SearchPlan,
-    StepResult,
-    StepSpec,
-    max_sustained,
-    search,
-)
+from loadtest.bench_webhook import Criteria, SearchPlan, max_sustained, search
 from loadtest.openloop import (
     Http1Connection,
     RequestFailed,
@@ -37,6 +28,7 @@ from loadtest.openloop import (
     latency_from_intended,
     run_open_loop,
 )
+from loadtest.review_steps import VARIANT_ANNOTATION, ReviewTemplate, StepResult, StepSpec
 from loadtest.stats import Histogram, nearest_rank, percentile, scrape_histogram
 
 T = TypeVar("T")
@@ -490,3 +482,16 @@ def test_review_templates_put_the_uid_and_the_template_number_in_the_captured_re
         assert review["request"]["uid"] == f"u-{index}"
         metadata = review["request"]["object"]["metadata"]
         assert metadata == {"name": "a", "annotations": {VARIANT_ANNOTATION: expected}}
+
+
+def test_renamed_review_templates_differ_only_in_the_name_they_give_the_job() -> None:
+    obj = {"kind": "Job", "metadata": {"generateName": "finetune-", "labels": {"q": "a"}}}
+    captured: dict[str, Any] = {"kind": "AdmissionReview", "request": {"uid": "x", "object": obj}}
+    renamed = ReviewTemplate.of(captured, renamed=True)
+    first, second = (jsonio.loads(renamed.body(f"u-{i}", i)) for i in (10, 11))
+    assert first["request"]["object"]["metadata"] == {"labels": {"q": "a"}, "name": "finetune-a"}
+    assert second["request"]["object"]["metadata"]["name"] == "finetune-b"
+    distinct = ReviewTemplate.of(captured, templates=2**40, renamed=True)
+    metadata = jsonio.loads(distinct.body("u", 2**33))["request"]["object"]["metadata"]
+    assert metadata["name"] == "finetune-200000000"
+    assert metadata["annotations"] == {VARIANT_ANNOTATION: str(2**33)}
