@@ -240,8 +240,8 @@ def _demo_real(args: argparse.Namespace, clock: SystemClock) -> int:
         print(
             "python -m loadtest demo --real: the real stack's binaries (Kubernetes v1.36.3, "
             "etcd, Kueue v0.17.0 and its CRDs) are missing and could not be built. Get them "
-            "with `make e2e-assets` (needs Go >= 1.26; about 15 min cold on 2 cores, cached "
-            "in ~/.cache/tessera), or set KUBEBUILDER_ASSETS to a folder holding etcd, "
+            "with `make e2e-assets` (needs Go >= 1.26; a cold build takes several minutes and is "
+            "cached in ~/.cache/tessera), or set KUBEBUILDER_ASSETS to a folder holding etcd, "
             f"kube-apiserver, kube-scheduler, kube-controller-manager and kubectl.\n{exc}",
             file=sys.stderr,
         )
