@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 
 from cluster import jsonio
 from cluster.clock import SystemClock
 from cluster.kube import KubeError
-from loadtest import demo, report, scenario, selfcheck
+from loadtest import demo, real_demo, report, scenario, selfcheck
 from loadtest.fleet import FleetSpec, StreamSpec
 from loadtest.remote_pods import RemoteClusterError
 from loadtest.traces import DEFAULT_DATA_DIR, TraceMissing
@@ -30,6 +32,8 @@ EXAMPLES = """\
 examples:
   python -m loadtest demo                       # make demo: both servers, 64 HGX nodes, ~1 min
   python -m loadtest demo --short               # the same in ~15 s (CI)
+  python -m loadtest demo --real                # the real control plane, Kueue, fake nodes
+  python -m loadtest demo --real --topology both   # topology mode A and mode B, side by side
   python -m loadtest latency --rate 100 --duration 30 --nodes 256
   python -m loadtest soak --duration 600 --max-rss-growth-mib 40
   python -m loadtest latency --trace openb-default --rate 50 --duration 20
@@ -214,6 +218,59 @@ def _placement_html(json_path: Path) -> None:
     print(f"report: {html_path}")
 
 
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    # the stack's processes are stopped on the way out, as on Ctrl-C
+    raise KeyboardInterrupt
+
+
+def _demo_real(args: argparse.Namespace, clock: SystemClock) -> int:
+    from loadtest.stack.controlplane import (  # noqa: PLC0415 - only for --real
+        BinariesUnavailableError,
+        find_binaries,
+        find_crds,
+        find_jobset,
+        find_kueue,
+    )
+
+    try:
+        assets = demo.Assets(
+            find_binaries(progress=sys.stderr),
+            find_crds(progress=sys.stderr),
+            find_kueue(progress=sys.stderr),
+            find_jobset(progress=sys.stderr),
+        )
+    except (BinariesUnavailableError, RuntimeError) as exc:
+        print(
+            "python -m loadtest demo --real: the real stack's binaries (Kubernetes v1.36.3, "
+            "etcd, Kueue v0.17.0, JobSet v0.11.1 and their CRDs) are missing and could not be "
+            "built. Get them with `make e2e-assets` (needs Go >= 1.26; a cold build takes "
+            "several minutes and is cached in ~/.cache/tessera), or set KUBEBUILDER_ASSETS to "
+            "a folder holding etcd, "
+            f"kube-apiserver, kube-scheduler, kube-controller-manager and kubectl.\n{exc}",
+            file=sys.stderr,
+        )
+        return 2
+    modes = real_demo.TOPOLOGIES if args.topology == "both" else (args.topology,)
+    specs = [real_demo.real_spec(short=args.short, seed=args.seed, topology=m) for m in modes]
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        outcomes = demo.execute_real(
+            specs,
+            assets,
+            args.out,
+            clock=clock,
+            say=print,
+            live=demo.live_line(),
+            keep_dir=args.keep,
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if not all(o.ok for o in outcomes):
+        print("error: the run's checks failed (see above)", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m loadtest",
@@ -246,6 +303,25 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         default=os.environ.get("TESSERA_DEMO_SHORT", "") not in ("", "0", "false"),
         help="a ~15 s run on 16 nodes (CI; also TESSERA_DEMO_SHORT=1, e.g. for make demo)",
+    )
+    p.add_argument(
+        "--real",
+        action="store_true",
+        help="on the real stack instead (etcd, kube-apiserver, kube-scheduler, "
+        "kube-controller-manager, Kueue v0.17.0, both servers as processes, fake GPU nodes; "
+        "binaries from make e2e-assets): 16 nodes, ~100 jobs over 45 s, 3 to 4 min with "
+        "the stack's start; with --short 8 nodes and a handful of jobs. Of the other "
+        "options only --short, --seed, --out and --keep apply",
+    )
+    p.add_argument(
+        "--topology",
+        choices=(*real_demo.TOPOLOGIES, "both"),
+        default="tessera",
+        help="with --real: who keeps gangs in a rack. tessera (default): mode A, the "
+        "flavors name their Topology in tessera.dev/topology-name and Tessera's webhook "
+        "and extender decide; kueue: mode B, the gang queues' H100 flavors set "
+        "spec.topologyName and Kueue's topology-aware scheduling assigns the hosts; both: "
+        "the same stream in each mode, on a fresh stack each, figures side by side",
     )
 
     p = commands.add_parser(
@@ -335,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
 
+    if args.command == "demo" and args.real:
+        return _demo_real(args, clock)
     if args.command == "demo":
         base = demo.demo_spec(short=args.short, seed=args.seed)
         spec = base if args.short else _spec(args, base)

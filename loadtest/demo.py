@@ -3,14 +3,20 @@
 Layer: ROOT. Chooses the run's shape for each mode (``demo``: 64 HGX nodes, the three
 teams' queues, a mixed stream for about twenty seconds; ``latency``: a bigger fleet at a
 target job rate; ``soak``: a long steady run watching memory), runs it through
-``scenario``, prints the summary and writes ``<name>.json`` and ``<name>.html``. Must
-not read the environment (``__main__`` does) or decide anything about the cluster.
+``scenario``, prints the summary and writes ``<name>.json`` and ``<name>.html``.
+``execute_real`` (``demo --real``) runs the same kind of stream on the real stack instead
+(``loadtest.real_demo``), in one topology mode or in both, each on a fresh stack, and
+prints the two side by side. Must not read the environment (``__main__`` does) or decide
+anything about the cluster.
 """
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -19,9 +25,10 @@ import uvloop
 
 from cluster import jsonio
 from cluster.clock import Clock
-from loadtest import report, scenario
+from loadtest import real_demo, real_report, report, scenario
 from loadtest.cluster_sim import ClusterSim
 from loadtest.fleet import FleetSpec, StreamSpec
+from loadtest.stack.cluster import E2ECluster, bring_up
 
 Say = Callable[[str], None]
 
@@ -158,3 +165,159 @@ def live_line(stream: Any = sys.stderr) -> Callable[[str], None] | None:
 
 def with_stream(spec: scenario.RunSpec, **changes: Any) -> scenario.RunSpec:
     return replace(spec, stream=replace(spec.stream, **changes))
+
+
+# ---------------------------------------------------------------- demo --real
+
+
+@dataclass(frozen=True, slots=True)
+class Assets:
+    """The pinned control plane, CRDs, Kueue and JobSet (``make e2e-assets``)."""
+
+    binaries: Path
+    crds: Path
+    kueue: Path
+    jobset: Path
+
+
+def run_real_on(
+    cluster: E2ECluster,
+    spec: real_demo.RealSpec,
+    out_dir: Path,
+    *,
+    clock: Clock,
+    say: Say,
+    live: Callable[[str], None] | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> Outcome:
+    """The stream on a running stack (the CLI's own, or the e2e suite's), which it leaves
+    as it found it; prints the summary, writes ``out_dir/demo-real-<topology>.json|.html``."""
+    name = f"demo-real-{spec.topology}"
+    began = clock.monotonic()
+    run = real_demo.RealDemo(
+        cluster, spec, clock, quota_nominal_gpus=quota_nominal_gpus, progress=live
+    )
+    try:
+        run.setup()
+        say(
+            f"{run.result.nodes} fake HGX nodes, {len(run.prepared.jobs)} jobs over "
+            f"{spec.stream.duration_s:.0f} s ({real_report.MODE_NAMES[spec.topology]})"
+        )
+        result = run.drive()
+    finally:
+        if live is not None:
+            live("")
+        run.cleanup()
+    data = real_report.to_json(
+        result,
+        {
+            "mode": name,
+            "nodes": result.nodes,
+            "rate_jobs_per_s": spec.stream.rate,
+            "arrivals_s": spec.stream.duration_s,
+            "seed": spec.seed,
+            "quota_scale": run.prepared.quota_scale,
+            "quota_nominal_gpus": result.quota_nominal_gpus,
+            "wall_s": clock.monotonic() - began,
+            **(meta or {}),
+        },
+    )
+    data["errors_fatal"] = 0
+    for line in real_report.summary_lines(result, data):
+        say(line)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, html_path = out_dir / f"{name}.json", out_dir / f"{name}.html"
+    json_path.write_bytes(jsonio.dumps(data))
+    title = f"Tessera on the real stack: {name}, {result.nodes} nodes, {len(result.jobs)} jobs"
+    html_path.write_text(real_report.html_page(result, data, title), encoding="utf-8")
+    say(f"reports: {json_path} {html_path}  ({clock.monotonic() - began:.1f} s)")
+    return Outcome(data, json_path, html_path)
+
+
+def _one_real(
+    spec: real_demo.RealSpec,
+    assets: Assets,
+    out_dir: Path,
+    workdir: Path,
+    *,
+    clock: Clock,
+    say: Say,
+    live: Callable[[str], None] | None,
+    keep: bool,
+) -> Outcome:
+    say(
+        f"starting the real stack for demo-real-{spec.topology} (etcd, kube-apiserver, "
+        "kube-controller-manager, Kueue, Tessera's webhook and extender, kube-scheduler)"
+    )
+    began = clock.monotonic()
+    # No nodes of the stack's own: the demo brings its fleet and the kubelet that ends
+    # each pod after its job's run time.
+    cluster = bring_up(
+        assets.binaries,
+        assets.crds,
+        assets.kueue,
+        assets.jobset,
+        workdir=workdir / spec.topology,
+        clock=clock,
+        fleet=(),
+    )
+    atexit.register(cluster.stop)
+    try:
+        up_s = clock.monotonic() - began
+        say(f"stack up in {up_s:.0f} s")
+        logs = str(workdir / spec.topology / "logs") if keep else None
+        return run_real_on(
+            cluster,
+            spec,
+            out_dir,
+            clock=clock,
+            say=say,
+            live=live,
+            meta={"startup_s": up_s, "logs": logs},
+        )
+    finally:
+        cluster.stop()
+        atexit.unregister(cluster.stop)
+
+
+def execute_real(
+    specs: Sequence[real_demo.RealSpec],
+    assets: Assets,
+    out_dir: Path,
+    *,
+    clock: Clock,
+    say: Say,
+    live: Callable[[str], None] | None = None,
+    keep_dir: Path | None = None,
+) -> list[Outcome]:
+    """Each spec on a fresh stack (its own control plane, so one mode's leftovers cannot
+    touch the other's figures); with more than one, their figures side by side, also in
+    ``out_dir/demo-real-compare.json``."""
+    workdir = keep_dir or Path(tempfile.mkdtemp(prefix="tessera-demo-real-"))
+    outcomes = []
+    try:
+        for spec in specs:
+            outcomes.append(
+                _one_real(
+                    spec,
+                    assets,
+                    out_dir,
+                    workdir,
+                    clock=clock,
+                    say=say,
+                    live=live,
+                    keep=keep_dir is not None,
+                )
+            )
+            say("")
+    finally:
+        if keep_dir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if len(outcomes) > 1:
+        runs = {o.data["meta"]["topology"]: o.data for o in outcomes}
+        for line in real_report.compare_lines(runs):
+            say(line)
+        path = out_dir / "demo-real-compare.json"
+        path.write_bytes(jsonio.dumps({"runs": runs}))
+        say(f"side by side: {path}")
+    return outcomes
