@@ -37,7 +37,6 @@ and sets ``spec.suspend`` on one that is not.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import base64
 import copy
 import math
@@ -80,6 +79,7 @@ from loadtest.review_steps import (
     check_answer,
     run_step,
     uid_prefix,
+    wait_ready,
 )
 from loadtest.stack import kueue as kueue_stack
 from loadtest.stack.cluster import KueueOnly, bring_up_kueue
@@ -313,27 +313,6 @@ async def _first_review(endpoint: Endpoint, body: bytes, uid: str, patch: bool) 
     except Exception as exc:
         raise BenchError(f"{endpoint.name} did not answer the review as expected: {exc}") from None
     return list(jsonio.loads(base64.b64decode(response["patch"]))) if patch else []
-
-
-async def _wait_ready(server: Server, ca: Path, clock: Clock, deadline_s: float) -> None:
-    connection = Http1Connection(
-        "127.0.0.1", server.port, ssl_context=client_context(ca), server_hostname=SERVER_NAME
-    )
-    give_up = clock.monotonic() + deadline_s
-    try:
-        while True:
-            if server.process is not None and server.process.poll() is not None:
-                raise BenchError(f"{server.name} exited at start:\n{server.log_tail()}")
-            try:
-                if (await connection.request("GET", "/readyz")).status == 200:
-                    return
-            except OSError:
-                connection.close()
-            if clock.monotonic() > give_up:
-                raise BenchError(f"{server.name} was not ready in {deadline_s:.0f} s")
-            await asyncio.sleep(0.1)
-    finally:
-        connection.close()
 
 
 def _find_assets() -> tuple[Path, Path, Path]:
@@ -646,7 +625,7 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> R
                 "--policy-file", str(policy_path), "--log-level", "WARNING",
             ]  # fmt: skip
             tessera.start(stack)
-            uvloop.run(_wait_ready(tessera, ca, clock, deadline_s=60.0))
+            uvloop.run(wait_ready(tessera, ca, clock, deadline_s=60.0, poll_s=0.1))
             kueue_pid = cluster.kueue.pid
             assert kueue_pid is not None
             report.endpoints = {

@@ -73,6 +73,7 @@ from loadtest.review_steps import (
     check_answer,
     in_generator_process,
     uid_prefix,
+    wait_ready,
 )
 
 MB: Final = 1024 * 1024
@@ -188,24 +189,7 @@ class Server(Pinned):
         return proc_memory(self.pid).get("VmRSS", 0)
 
     async def ready(self, ca: Path, clock: Clock, deadline_s: float = 120.0) -> None:
-        connection = Http1Connection(
-            "127.0.0.1", self.port, ssl_context=client_context(ca), server_hostname=SERVER_NAME
-        )
-        give_up = clock.monotonic() + deadline_s
-        try:
-            while True:
-                if self.process is not None and self.process.poll() is not None:
-                    raise BenchError(f"{self.name} exited at start:\n{self.log_tail()}")
-                try:
-                    if (await connection.request("GET", "/readyz")).status == 200:
-                        return
-                except OSError:
-                    connection.close()
-                if clock.monotonic() > give_up:
-                    raise BenchError(f"{self.name} was not ready in {deadline_s:.0f} s")
-                await asyncio.sleep(0.2)
-        finally:
-            connection.close()
+        await wait_ready(self, ca, clock, deadline_s)
 
     async def shed(self) -> dict[str, float]:
         """The server's shed counters by reason, from its metrics listener."""

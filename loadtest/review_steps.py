@@ -9,6 +9,7 @@ answers beyond whether the benchmark accepts it (``check_answer``).
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import multiprocessing
 import os
@@ -17,12 +18,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Final
 
 import uvloop
 
 from cluster import jsonio
-from cluster.clock import SystemClock
+from cluster.clock import Clock, SystemClock
 from cluster.tls import client_context
 from loadtest.openloop import (
     Http1Connection,
@@ -32,7 +34,7 @@ from loadtest.openloop import (
     Send,
     run_open_loop,
 )
-from loadtest.pinned import proc_cpu_s, proc_memory, set_priority
+from loadtest.pinned import Pinned, proc_cpu_s, proc_memory, set_priority
 from loadtest.stats import Summary
 
 MUTATE_PATH: Final = "/mutate?timeout=5s"
@@ -327,3 +329,28 @@ def run_step(spec: StepSpec) -> StepResult:
     bound = spec.duration_s + spec.max_lag_s + spec.timeout_s + 60
     run, server_cpu, own, memory = in_generator_process(_generator_process, spec, bound)
     return StepResult(spec, run, server_cpu, own, memory)
+
+
+async def wait_ready(
+    server: Pinned, ca: Path, clock: Clock, deadline_s: float, poll_s: float = 0.2
+) -> None:
+    """Until the server's ``/readyz`` answers 200 over TLS; ``BenchError`` if its process
+    exits first (with its log's tail) or the deadline passes."""
+    connection = Http1Connection(
+        "127.0.0.1", server.port, ssl_context=client_context(ca), server_hostname=SERVER_NAME
+    )
+    give_up = clock.monotonic() + deadline_s
+    try:
+        while True:
+            if server.process is not None and server.process.poll() is not None:
+                raise BenchError(f"{server.name} exited at start:\n{server.log_tail()}")
+            try:
+                if (await connection.request("GET", "/readyz")).status == 200:
+                    return
+            except OSError:
+                connection.close()
+            if clock.monotonic() > give_up:
+                raise BenchError(f"{server.name} was not ready in {deadline_s:.0f} s")
+            await asyncio.sleep(poll_s)
+    finally:
+        connection.close()
