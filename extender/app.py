@@ -73,8 +73,9 @@ from extender.config import (
     mix_from_counts,
 )
 from extender.decide import BindPlan
+from extender.gangs import prepare_gang_shape
+from extender.memo import DecisionCache
 from extender.metrics import ExtenderMetrics
-from extender.plugins import prepare_gang_shape
 from extender.settings import ExtenderSettings
 
 log = logging.getLogger(__name__)
@@ -143,18 +144,26 @@ class Binds:
 
 
 class LiveConfig:
-    """The ``ExtenderConfig`` decisions read now. The learned pod mix replaces it whole
-    (a new frozen config, with a new ``scoring_key``, so no node memo made under the old
-    one is read again); a handler takes ``current`` once and decides with that. A holder
-    rather than a new value under the app key: aiohttp freezes an app's state when it
-    starts."""
+    """The ``ExtenderConfig`` decisions read now, and its decision cache. The learned
+    pod mix replaces both whole (``use``): a new frozen config gets a new, empty cache,
+    so nothing decided under the old one is read again. A handler takes ``memo`` once
+    and decides with it and its config. A holder rather than a new value under the app
+    key: aiohttp freezes an app's state when it starts."""
 
-    __slots__ = ("current", "mix_pods")
+    __slots__ = ("memo", "mix_pods")
 
     def __init__(self, config: ExtenderConfig) -> None:
-        self.current = config
+        self.memo = DecisionCache(config)
         self.mix_pods = 0
         """GPU pods the current pod mix was learned from (0: not learned)."""
+
+    @property
+    def current(self) -> ExtenderConfig:
+        return self.memo.config
+
+    def use(self, config: ExtenderConfig) -> None:
+        """Decide with ``config`` from now on, with a cache of its own."""
+        self.memo = DecisionCache(config)
 
 
 SETTINGS = web.AppKey("settings", ExtenderSettings)
@@ -176,6 +185,7 @@ class Handle(Protocol):
         now: datetime,
         *,
         recent: wire.RecentPods | None = None,
+        memo: DecisionCache | None = None,
     ) -> verbs.Reply: ...
 
 
@@ -237,9 +247,9 @@ async def _decide(request: web.Request, verb: str, handle: Handle) -> web.Respon
         return early[0]
     assert isinstance(body, bytes)
     began = clock.monotonic()
-    reply = handle(
-        body, app[CACHE].snapshot(), app[CONFIG].current, clock.now(), recent=app[BINDS].recent
-    )
+    memo = app[CONFIG].memo
+    snapshot = app[CACHE].snapshot()
+    reply = handle(body, snapshot, memo.config, clock.now(), recent=app[BINDS].recent, memo=memo)
     metrics.decided(verb, clock.monotonic() - began)
     if reply.outcome is not None:
         metrics.filtered(reply.outcome)
@@ -278,8 +288,9 @@ async def bind(request: web.Request) -> web.Response:
     # From here to the binder's first await: no await, so no other request runs between
     # the snapshot and the assumption.
     began = clock.monotonic()
+    memo = app[CONFIG].memo
     step = verbs.plan_bind(
-        body, cache.snapshot(), app[CONFIG].current, clock.now(), seen=binds.recent
+        body, cache.snapshot(), memo.config, clock.now(), seen=binds.recent, memo=memo
     )
     if isinstance(step, verbs.Reply):
         metrics.decided("bind", clock.monotonic() - began)
@@ -423,7 +434,7 @@ async def relearn_pod_mix(app: web.Application, snapshot: Snapshot) -> bool:
     moved = mix_distance(live.current.pod_mix, mix)
     if moved <= MIX_TOLERANCE:
         return False
-    live.current = replace(live.current, pod_mix=mix)
+    live.use(replace(live.current, pod_mix=mix))
     live.mix_pods = pods
     app[METRICS].pod_mix(len(mix), pods)
     log.info(
@@ -453,12 +464,12 @@ async def gang_demands(snapshot: Snapshot, batch: int = MIX_BATCH_PODS) -> list[
 
 async def prepare_gang_shapes(app: web.Application, snapshot: Snapshot) -> int:
     """Make ahead, under the config in use, what the first member of a gang reads, for
-    every gang shape the cluster's pods show (``plugins.prepare_gang_shape``), one shape
+    every gang shape the cluster's pods show (``gangs.prepare_gang_shape``), one shape
     per turn of the event loop: such a member then redoes only the nodes changed since,
     instead of every node while every request waits. How many shapes were prepared."""
     prepared = 0
     for demand in await gang_demands(snapshot):
-        prepared += prepare_gang_shape(snapshot, demand, app[CONFIG].current, app[CLOCK].now())
+        prepared += prepare_gang_shape(snapshot, demand, app[CONFIG].memo, app[CLOCK].now())
         await asyncio.sleep(0)
     if prepared:
         log.info("gang shapes prepared", extra=logs.fields(shapes=prepared))

@@ -119,19 +119,21 @@ async def test_the_mix_is_replaced_only_when_it_moved_enough_to_matter() -> None
     app = create_app(ExtenderSettings(), cache=cache, clock=ManualClock())
     assert await relearn_pod_mix(app, cache.snapshot())
     learned = app[CONFIG].current
+    kept = app[CONFIG].memo
 
     # one more pod of a known size: the same decisions, so the node memos stay warm
     cache.upsert_pod(pod("one-more", gpus=1))
     assert not await relearn_pod_mix(app, cache.snapshot())
     assert app[CONFIG].current is learned
+    assert app[CONFIG].memo is kept
 
-    # a quarter of the pods now ask for 8 GPUs: a new mix, a new scoring key
+    # a quarter of the pods now ask for 8 GPUs: a new mix, with a decision cache of its own
     for i in range(70):
         cache.upsert_pod(pod(f"eight-{i}", gpus=8, cpu=96_000))
     assert await relearn_pod_mix(app, cache.snapshot())
     now = app[CONFIG].current
     assert MixEntry(gpus=8, weight=70.0, cpu_milli=96_000) in now.pod_mix
-    assert now.scoring_key != learned.scoring_key
+    assert app[CONFIG].memo is not kept  # nothing decided under the old mix is read again
     assert now.levels == learned.levels
     assert now.weights == learned.weights
     assert "tessera_extender_pod_mix_changes_total 2.0" in app[METRICS].exposition().decode()
