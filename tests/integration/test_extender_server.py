@@ -377,7 +377,7 @@ async def test_a_bind_repeated_while_under_way_waits_for_the_first(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """kube-scheduler repeats a bind after its httpTimeout; the pod is bound once."""
-    caplog.set_level(logging.INFO, logger="extender.app")
+    caplog.set_level(logging.INFO, logger="extender.binding")
     settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a"), node_json("gpu-b")])
     pod = pod_json("slow-0", gpus=4)
     gate = GatedBinder(MemoryBinder(cache))
@@ -974,7 +974,7 @@ def gang_cluster() -> list[dict[str, Any]]:
 async def test_a_server_prepares_its_gang_shapes_before_their_first_request(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, mix: str
 ) -> None:
-    caplog.set_level(logging.INFO, logger="extender.app")
+    caplog.set_level(logging.INFO, logger="extender.learning")
     settings, clock, cache = file_extender(tmp_path, gang_cluster(), pod_mix=mix)
     # a new gang of the running one's shape, of three members: only r2 holds them
     first = pod_json("new-0", gpus=4, gang="team-nlp.new", gang_size=3, topology="required:rack")
@@ -992,7 +992,7 @@ async def test_a_server_prepares_its_gang_shapes_before_their_first_request(
 async def test_the_mix_is_learned_again_as_the_workload_changes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="extender.app")
+    caplog.set_level(logging.INFO, logger="extender.learning")
     settings, clock, cache = file_extender(
         tmp_path, mostly_single_gpu_cluster(), pod_mix_interval_s=0.05
     )
@@ -1033,7 +1033,7 @@ async def test_a_watching_server_learns_its_mix_once_the_informers_have_listed(
 async def test_a_watching_server_prepares_its_gang_shapes_once_the_informers_have_listed(
     api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="extender.app")
+    caplog.set_level(logging.INFO, logger="extender.learning")
     for item in gang_cluster():
         api.put(NODES_PATH if item["kind"] == "Node" else PODS_PATH, item)
     settings = ExtenderSettings(
