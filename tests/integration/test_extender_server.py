@@ -24,7 +24,7 @@ import sys
 import zlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,9 +44,10 @@ from cluster.serving import EXPOSITION, GUARD, metrics_app, running
 from cluster.tls import CertReloader, client_context
 from extender import wire
 from extender.app import CACHE, create_app
-from extender.binder import Binder, BindError, MemoryBinder, Placement
+from extender.binder import Binder, MemoryBinder
 from extender.settings import ExtenderSettings, parse_levels
 from loadtest.pinned import free_port
+from tests.binders import FailingBinder, GatedBinder
 from tests.builders import RACK_LABEL, node_json, pod_json
 from tests.certfiles import MTLS_CLIENTS, Material, make_material
 from tests.fakeapi import FakeApiServer, Fault, write_kubeconfig
@@ -176,32 +177,6 @@ async def serving(
         connector = aiohttp.TCPConnector(limit=20, ssl=client_tls or True)
         async with aiohttp.ClientSession(connector=connector) as session:
             yield Extender(url, session, app, f"http://127.0.0.1:{metrics_port}")
-
-
-@dataclass
-class GatedBinder:
-    """Holds every bind until ``release`` is set, then hands it to ``behind``."""
-
-    behind: Binder
-    entered: asyncio.Event = field(default_factory=asyncio.Event)
-    release: asyncio.Event = field(default_factory=asyncio.Event)
-    calls: list[Placement] = field(default_factory=list)
-
-    async def bind(self, placement: Placement) -> None:
-        self.calls.append(placement)
-        self.entered.set()
-        await self.release.wait()
-        await self.behind.bind(placement)
-
-
-@dataclass
-class FailingBinder:
-    """Every bind fails; ``uncertain`` as when the connection broke mid-bind."""
-
-    uncertain: bool
-
-    async def bind(self, placement: Placement) -> None:
-        raise BindError(f"cannot bind pod {placement.pod.key}: injected", uncertain=self.uncertain)
 
 
 def file_extender(

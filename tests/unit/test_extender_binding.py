@@ -7,7 +7,6 @@ binds the pod once.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -15,9 +14,10 @@ from cluster.cache import ClusterCache
 from cluster.clock import ManualClock
 from cluster.model import NodeName
 from extender import verbs, wire
-from extender.binder import Binder, BindError, MemoryBinder, Placement
+from extender.binder import Binder, MemoryBinder
 from extender.binding import Binds
 from extender.decide import BindPlan, plan_bind
+from tests.binders import FailingBinder, GatedBinder
 from tests.unit.test_extender_builders import CONFIG, NOW, cluster, free_milli, node, pod
 
 NODE = "n1"
@@ -42,28 +42,6 @@ def held(cache: ClusterCache) -> int:
     return sum(
         1 for free in free_milli(cache.snapshot().nodes[NodeName(NODE)]).values() if not free
     )
-
-
-@dataclass
-class FailingBinder:
-    uncertain: bool
-
-    async def bind(self, placement: Placement) -> None:
-        raise BindError(f"cannot bind pod {placement.pod.key}: injected", uncertain=self.uncertain)
-
-
-@dataclass
-class GatedBinder:
-    """Binds once ``gate`` is set, counting the binds it was asked for."""
-
-    gate: asyncio.Event = field(default_factory=asyncio.Event)
-    reached: asyncio.Event = field(default_factory=asyncio.Event)
-    placements: list[Placement] = field(default_factory=list)
-
-    async def bind(self, placement: Placement) -> None:
-        self.placements.append(placement)
-        self.reached.set()
-        await self.gate.wait()
 
 
 async def test_a_bind_holds_its_gpus_once_decided_and_the_binder_records_them() -> None:
@@ -112,19 +90,19 @@ async def test_without_a_binder_yet_the_bind_is_refused_and_forgotten() -> None:
 
 async def test_a_bind_repeated_while_under_way_binds_the_pod_once() -> None:
     cache = cluster([node(".... ...."), node(".... ....", "n2")], [pod("a")])
-    binder = GatedBinder()
+    binder = GatedBinder(MemoryBinder(cache))
     binds, _ = binds_of(cache, binder)
     planned = step_for(cache, "a")
     first = asyncio.create_task(binds.bind(planned))
-    await asyncio.wait_for(binder.reached.wait(), 5)
+    await asyncio.wait_for(binder.entered.wait(), 5)
     # kube-scheduler's retry after its timeout plans on a snapshot holding the first
     repeat = asyncio.create_task(binds.bind(step_for(cache, "a")))
     # a repeat naming another node (planned before the first was assumed)
     other = verbs.BindStep(wire.BindingArgs("a", "ns", "uid-a", "n2"), planned.plan)
     assert await binds.bind(other) == "pod ns/a is already being bound to node n1"
 
-    binder.gate.set()
+    binder.release.set()
     assert await first == ""
     assert await repeat == ""
-    assert len(binder.placements) == 1
+    assert len(binder.calls) == 1
     assert held(cache) == 1
