@@ -281,20 +281,22 @@ domain comes first: outside it nothing else about a node matters to the member, 
 reason it gives is unresolvable, and so most nodes are answered by it alone once a
 member is placed."""
 
-_LONE_FILTERS: Final = tuple(check for check in FILTERS if check not in GANG_FILTERS)
 _IN_GROUP: Final = {check: at for at, check in enumerate(NODE_FILTERS)}
+_STEPS: Final = tuple((check, _IN_GROUP.get(check)) for check in FILTERS)
+"""``FILTERS``, each with its place in ``NODE_FILTERS`` (None: run on its own)."""
+_LONE_STEPS: Final = tuple(step for step in _STEPS if step[0] not in GANG_FILTERS)
 
 
 def run_filters(ctx: PodContext, node: NodeState) -> Verdict:
     """The pipeline: ``FILTERS`` in order, the first unresolvable reason, else the first
     resolvable one, else ``FIT``. The ``NODE_FILTERS`` come from ``node_verdicts``, read
-    once the first of them is reached."""
+    once the first of them is reached; the ``GANG_FILTERS`` are left out for a pod whose
+    gang refuses no node, since they pass every node then."""
     gang = ctx.gang
-    steps = FILTERS if gang is not None and gang.refuses_nodes else _LONE_FILTERS
+    steps = _STEPS if gang is not None and gang.refuses_nodes else _LONE_STEPS
     own: tuple[Verdict, ...] | None = None
     first: Unfit | None = None
-    for check in steps:
-        at = _IN_GROUP.get(check)
+    for check, at in steps:
         if at is None:
             verdict = check(ctx, node)
         else:
