@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import Any, NewType
+from typing import NewType
 
 NodeName = NewType("NodeName", str)
 PodKey = NewType("PodKey", str)
@@ -91,13 +91,6 @@ class NodeState:
     unschedulable: bool = False
     taints: tuple[Taint, ...] = ()
     problems: tuple[str, ...] = ()
-    memo: dict[str, Any] = field(
-        default_factory=dict, init=False, repr=False, compare=False, hash=False
-    )
-    """What readers derived from this node (filter verdicts, scores per pod shape), kept
-    by its readers. Sound because a node never changes: a changed node is a new object,
-    and ``replace`` or the constructor gives it an empty memo, so nothing stale survives
-    a change. Not part of equality, hashing or ``repr``."""
 
     @property
     def gpu_count(self) -> int:

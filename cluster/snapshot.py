@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import zlib
 from bisect import bisect_right
-from collections.abc import Hashable, ItemsView, Iterator, Mapping, ValuesView
+from collections.abc import ItemsView, Iterator, Mapping, ValuesView
 from dataclasses import dataclass, field, replace
 from itertools import chain, islice
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar, overload
+from typing import Generic, TypeVar, overload
 
 from cluster.model import (
     MILLI_PER_GPU,
@@ -241,13 +241,6 @@ class Snapshot:
     """The cache's record of node changes by generation; ``None`` for a snapshot that
     is not one of a cache's (nodes given in a request), which readers must not carry
     anything into or out of."""
-    memo: dict[Hashable, Any] = field(
-        default_factory=dict, init=False, repr=False, compare=False, hash=False
-    )
-    """What readers derived from the whole snapshot (room per topology domain for a
-    gang), kept by those readers for as long as this generation lasts: the cache hands
-    out the same snapshot until it changes, so the requests of one scheduling cycle
-    (filter, prioritize, bind) share it. Not part of equality, hashing or ``repr``."""
 
     def gang_nodes(self, gang: GangId) -> tuple[NodeName, ...]:
         """Nodes holding the gang's placed or assumed members, one entry per member."""

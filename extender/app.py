@@ -6,13 +6,11 @@ function with no ``await`` in between, and write its answer. Must not read the
 environment (``__main__`` does) or hold module-level state.
 
 ``/bind`` is the one handler that awaits in the middle, so its order matters: the GPUs
-are chosen on the snapshot and assumed in the cache before the first ``await``. The next
-``/filter`` (kube-scheduler sends it before the bind is answered, see the captures)
-already counts them, and two binds can never both take one GPU: the second one's
-snapshot has the first one's assumption in it. Then the binder writes to the API; if it
-fails the assumption is forgotten and kube-scheduler gets ``Error``. The one exception is
-a bind that may have landed (the connection broke and the pod could not be read back):
-its GPUs stay assumed until the watch shows the truth or the assumption expires.
+are chosen on the snapshot (``verbs.plan_bind``) and assumed in the cache before the
+first ``await`` (``binding.Binds``, which then runs the binder). The next ``/filter``
+(kube-scheduler sends it before the bind is answered, see the captures) already counts
+them, and two binds can never both take one GPU: the second one's snapshot has the
+first one's assumption in it.
 
 Every verb's deadline is kube-scheduler's ``httpTimeout`` (``request_timeout_s``) from
 its request's first byte (``cluster.guard``): a request that is already too late once
@@ -29,16 +27,11 @@ The ages are on the metrics listener as ``tessera_extender_cache_age_seconds``. 
 already too late is shed before the cache is looked at: nobody reads its answer, stale
 or not.
 
-Packing judges a node by the pods the cluster runs (``ExtenderConfig.pod_mix``). With
-``pod_mix=learned`` a background task counts the cache's pods into that mix: before the
-first request when a cluster file is loaded, right after the informers have listed, then
-every interval; a batch of pods at a time, so that requests are answered in between.
-
-A gang's first member reads the room per topology domain for its shape, and each
-node's domain and verdict by name, which take tens of milliseconds over every node the
-first time. For each gang shape the cluster's pods show, they are made ahead: with the
-cluster file before the first request, else once the informers have listed, and again
-under each newly learned pod mix (whose config starts with nothing kept).
+With ``pod_mix=learned`` a background task counts the cache's pods into the pod mix
+(``learning.relearn_pod_mix``): before the first request when a cluster file is loaded,
+right after the informers have listed, then every interval. Otherwise the gang shapes
+the cluster's pods show are made ahead once (``learning.prepare_gang_shapes``), at the
+same moments.
 """
 
 from __future__ import annotations
@@ -46,35 +39,26 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, replace
 from datetime import datetime
-from operator import attrgetter
 from typing import Protocol
 
 from aiohttp import web
 
 from cluster import logs, serving
-from cluster.cache import AllocationConflict, ClusterCache
+from cluster.cache import ClusterCache
 from cluster.clock import Clock, SystemClock
 from cluster.feed import CacheFeed, run_all
 from cluster.informer import Informer
 from cluster.kube import KubeClient, KubeConfig
-from cluster.model import NodeName, PodDemand, PodInfo, PodKey
-from cluster.snapshot import Snapshot, batches
+from cluster.snapshot import Snapshot
 from extender import verbs, wire
-from extender.binder import ApiBinder, Binder, BindError, MemoryBinder, Placement
-from extender.config import (
-    ExtenderConfig,
-    PodShape,
-    count_shapes,
-    mix_distance,
-    mix_from_counts,
-)
-from extender.decide import BindPlan
+from extender.binder import ApiBinder, Binder, MemoryBinder
+from extender.binding import Binds
+from extender.config import ExtenderConfig
+from extender.learning import LiveConfig, prepare_gang_shapes, relearn_pod_mix
+from extender.memo import DecisionCache
 from extender.metrics import ExtenderMetrics
-from extender.plugins import prepare_gang_shape
 from extender.settings import ExtenderSettings
 
 log = logging.getLogger(__name__)
@@ -124,39 +108,6 @@ class Source:
             await asyncio.gather(*(informer.wait_synced() for informer in self.informers))
 
 
-@dataclass(slots=True)
-class _InFlight:
-    node: str
-    done: asyncio.Future[str]
-
-
-class Binds:
-    """What ``/bind`` keeps between requests: the binder, the pods of recent requests
-    (kube-scheduler may bind a pod before the watch shows it; ``/prioritize`` reads the
-    pod ``/filter`` decoded), and the binds under way (a bind kube-scheduler repeats
-    after its timeout waits for the first one)."""
-
-    def __init__(self, binder: Binder | None, recent_limit: int) -> None:
-        self.binder = binder
-        self.recent = wire.RecentPods(recent_limit)
-        self.inflight: dict[PodKey, _InFlight] = {}
-
-
-class LiveConfig:
-    """The ``ExtenderConfig`` decisions read now. The learned pod mix replaces it whole
-    (a new frozen config, with a new ``scoring_key``, so no node memo made under the old
-    one is read again); a handler takes ``current`` once and decides with that. A holder
-    rather than a new value under the app key: aiohttp freezes an app's state when it
-    starts."""
-
-    __slots__ = ("current", "mix_pods")
-
-    def __init__(self, config: ExtenderConfig) -> None:
-        self.current = config
-        self.mix_pods = 0
-        """GPU pods the current pod mix was learned from (0: not learned)."""
-
-
 SETTINGS = web.AppKey("settings", ExtenderSettings)
 CONFIG = web.AppKey("config", LiveConfig)
 CACHE = web.AppKey("cache", ClusterCache)
@@ -176,6 +127,7 @@ class Handle(Protocol):
         now: datetime,
         *,
         recent: wire.RecentPods | None = None,
+        memo: DecisionCache | None = None,
     ) -> verbs.Reply: ...
 
 
@@ -237,9 +189,9 @@ async def _decide(request: web.Request, verb: str, handle: Handle) -> web.Respon
         return early[0]
     assert isinstance(body, bytes)
     began = clock.monotonic()
-    reply = handle(
-        body, app[CACHE].snapshot(), app[CONFIG].current, clock.now(), recent=app[BINDS].recent
-    )
+    memo = app[CONFIG].memo
+    snapshot = app[CACHE].snapshot()
+    reply = handle(body, snapshot, memo.config, clock.now(), recent=app[BINDS].recent, memo=memo)
     metrics.decided(verb, clock.monotonic() - began)
     if reply.outcome is not None:
         metrics.filtered(reply.outcome)
@@ -276,10 +228,11 @@ async def bind(request: web.Request) -> web.Response:
     assert isinstance(body, bytes)
 
     # From here to the binder's first await: no await, so no other request runs between
-    # the snapshot and the assumption.
+    # the snapshot and the assumption (``binding.Binds``).
     began = clock.monotonic()
+    memo = app[CONFIG].memo
     step = verbs.plan_bind(
-        body, cache.snapshot(), app[CONFIG].current, clock.now(), seen=binds.recent
+        body, cache.snapshot(), memo.config, clock.now(), seen=binds.recent, memo=memo
     )
     if isinstance(step, verbs.Reply):
         metrics.decided("bind", clock.monotonic() - began)
@@ -288,86 +241,9 @@ async def bind(request: web.Request) -> web.Response:
             log.info("bind refused", extra=logs.fields(result=result, reason=step.note))
         metrics.answered("bind", result, clock.monotonic() - start)
         return _respond(step.status, step.body)
-    args, plan = step.args, step.plan
-    pod = plan.pod
-    if not pod.uid and args.pod_uid:
-        pod = replace(pod, uid=args.pod_uid)
-    running = binds.inflight.get(pod.key)
-    if running is not None:
-        error = await _join(pod.key, running, args.node)
-    else:
-        refused = _assume(cache, pod, plan)
-        metrics.decided("bind", clock.monotonic() - began)
-        if refused is not None:
-            error = refused
-        else:
-            indices = () if plan.allocation is None else plan.allocation.indices
-            placement = Placement(pod, NodeName(args.node), indices)
-            error = await _carry_out(app, placement)
+    error = await binds.bind(step, lambda: metrics.decided("bind", clock.monotonic() - began))
     metrics.answered("bind", "error" if error else "ok", clock.monotonic() - start)
     return _respond(verbs.OK, verbs.bind_reply(error).body)
-
-
-def _assume(cache: ClusterCache, pod: PodInfo, plan: BindPlan) -> str | None:
-    """Count the planned GPUs as taken; the refusal to answer if the cache says no."""
-    if plan.allocation is None:
-        return None
-    try:
-        cache.assume(pod, plan.allocation)
-    except (AllocationConflict, ValueError) as exc:
-        # plan_bind checked the same snapshot: reaching this is a bug, said not hidden
-        log.error("assume refused a planned bind", extra=logs.fields(pod=pod.key, error=str(exc)))
-        return f"cannot bind pod {pod.key}: {exc}"
-    return None
-
-
-async def _join(key: PodKey, running: _InFlight, node: str) -> str:
-    """A bind for a pod whose bind is under way: kube-scheduler retried after a timeout."""
-    if running.node != node:
-        return f"pod {key} is already being bound to node {running.node}"
-    log.info("bind repeated while under way", extra=logs.fields(pod=key, node=node))
-    return await asyncio.shield(running.done)
-
-
-async def _carry_out(app: web.Application, placement: Placement) -> str:
-    """Run the binder for an assumed placement; the ``Error`` to answer (``""``: bound)."""
-    binds, cache, clock = app[BINDS], app[CACHE], app[CLOCK]
-    binder = binds.binder
-    key = placement.pod.key
-    done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    binds.inflight[key] = _InFlight(placement.node, done)
-    error = "the bind was interrupted (extender shutting down)"
-    began = clock.monotonic()
-    try:
-        if binder is None:
-            raise BindError("the extender has no binder yet (still starting)")
-        await binder.bind(placement)
-        error = ""
-        binds.recent.forget(placement.pod.uid)
-        if log.isEnabledFor(logging.INFO):  # the fields are built before the level is read
-            log.info(
-                "bound",
-                extra=logs.fields(pod=key, node=placement.node, gpus=placement.annotation),
-            )
-    except BindError as exc:
-        error = str(exc)
-        if not exc.uncertain:
-            cache.forget(key)
-        log.warning(
-            "bind failed",
-            extra=logs.fields(pod=key, node=placement.node, error=error, kept=exc.uncertain),
-        )
-    except Exception as exc:
-        error = f"cannot bind pod {key}: internal error: {exc}"
-        cache.forget(key)
-        log.exception("binder crashed", extra=logs.fields(pod=key, node=placement.node))
-    finally:
-        # On cancellation the bind may or may not have landed: the assumption stays
-        # until the watch tells or its TTL ends.
-        app[METRICS].bind_api.observe(clock.monotonic() - began)
-        del binds.inflight[key]
-        done.set_result(error)
-    return error
 
 
 # ---------------------------------------------------------------- background work
@@ -386,98 +262,20 @@ async def _expire_assumptions(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-MIX_BATCH_PODS = 1_000
-"""Pods counted for the pod mix between two turns of the event loop: about 1 ms, where
-counting 150,000 pods at once (~200 ms on a loaded core) would hold every request."""
-MIX_TOLERANCE = 0.01
-"""The share of the mix's weight that must move before a learned mix replaces the one
-in use: counts change with every pod, and each replacement makes every node score its
-pods afresh (the memos are keyed by the config), for a difference in fragmentation of
-at most this share of a node's free GPUs."""
-
-
-_DEMAND = attrgetter("demand")
-
-
-async def learn_pod_mix(snapshot: Snapshot, batch: int = MIX_BATCH_PODS) -> Counter[PodShape]:
-    """How many of the snapshot's pods have each shape (``count_shapes``), counted
-    ``batch`` pods at a time with a turn of the event loop in between: the snapshot never
-    changes, so the count is exact however the cache moves on meanwhile."""
-    counts: Counter[PodShape] = Counter()
-    for pods in batches(snapshot.pods, batch):
-        counts.update(count_shapes(map(_DEMAND, pods)))
-        await asyncio.sleep(0)
-    return counts
-
-
-async def relearn_pod_mix(app: web.Application, snapshot: Snapshot) -> bool:
-    """Count the snapshot's pods and put their mix in use when it moved by more than
-    ``MIX_TOLERANCE``; whether it did. Without GPU pods the mix in use stays (the
-    built-in one until pods are seen; a cluster that emptied still expects its pods)."""
-    counts = await learn_pod_mix(snapshot)
-    pods = sum(n for (gpus, milli, _, _), n in counts.items() if gpus or milli)
-    if not pods:
-        return False
-    live = app[CONFIG]
-    mix = mix_from_counts(counts)
-    moved = mix_distance(live.current.pod_mix, mix)
-    if moved <= MIX_TOLERANCE:
-        return False
-    live.current = replace(live.current, pod_mix=mix)
-    live.mix_pods = pods
-    app[METRICS].pod_mix(len(mix), pods)
-    log.info(
-        "pod mix learned",
-        extra=logs.fields(sizes=len(mix), pods=pods, moved=round(moved, 4)),
-    )
-    # what the last config kept is gone with it
-    await prepare_gang_shapes(app, snapshot)
-    return True
-
-
-_TOPOLOGY_SHAPE = attrgetter("gpus", "gpu_milli", "products", "topology")
-
-
-async def gang_demands(snapshot: Snapshot, batch: int = MIX_BATCH_PODS) -> list[PodDemand]:
-    """One demand per gang shape among the snapshot's pods (whole GPUs or share,
-    products, topology): what a gang's first member counts rooms by. Read ``batch`` pods
-    at a time, with a turn of the event loop in between."""
-    found: dict[object, PodDemand] = {}
-    for pods in batches(snapshot.pods, batch):
-        for demand in map(_DEMAND, pods):
-            if demand.gang is not None and demand.topology is not None:
-                found.setdefault(_TOPOLOGY_SHAPE(demand), demand)
-        await asyncio.sleep(0)
-    return list(found.values())
-
-
-async def prepare_gang_shapes(app: web.Application, snapshot: Snapshot) -> int:
-    """Make ahead, under the config in use, what the first member of a gang reads, for
-    every gang shape the cluster's pods show (``plugins.prepare_gang_shape``), one shape
-    per turn of the event loop: such a member then redoes only the nodes changed since,
-    instead of every node while every request waits. How many shapes were prepared."""
-    prepared = 0
-    for demand in await gang_demands(snapshot):
-        prepared += prepare_gang_shape(snapshot, demand, app[CONFIG].current, app[CLOCK].now())
-        await asyncio.sleep(0)
-    if prepared:
-        log.info("gang shapes prepared", extra=logs.fields(shapes=prepared))
-    return prepared
-
-
 async def _prepare_gang_shapes(app: web.Application) -> AsyncIterator[None]:
     """With the built-in pod mix (a learned one prepares when it is put in use): the
     gang shapes before serving when a cluster file is loaded, else as soon as the
     informers have listed."""
     source, cache = app[SOURCE], app[CACHE]
+    live, now = app[CONFIG], app[CLOCK].now
     if source.synced:
-        await prepare_gang_shapes(app, cache.snapshot())
+        await prepare_gang_shapes(live, cache.snapshot(), now)
         yield
         return
 
     async def once() -> None:
         await source.wait_synced()
-        await prepare_gang_shapes(app, cache.snapshot())
+        await prepare_gang_shapes(live, cache.snapshot(), now)
 
     async with serving.background(once(), "prepare gang shapes"):
         yield
@@ -488,10 +286,11 @@ async def _learn_pod_mix(app: web.Application) -> AsyncIterator[None]:
     when the cluster is already loaded (a cluster file), else as soon as the informers
     have listed, then every ``pod_mix_interval_s`` when the cache changed."""
     settings, source, cache = app[SETTINGS], app[SOURCE], app[CACHE]
+    live, metrics, now = app[CONFIG], app[METRICS], app[CLOCK].now
     learned_at = -1
     if source.synced:
         learned_at = cache.generation
-        await relearn_pod_mix(app, cache.snapshot())
+        await relearn_pod_mix(live, cache.snapshot(), metrics, now)
 
     async def loop(learned_at: int) -> None:
         await source.wait_synced()
@@ -499,7 +298,7 @@ async def _learn_pod_mix(app: web.Application) -> AsyncIterator[None]:
             snapshot = cache.snapshot()
             if snapshot.generation != learned_at:
                 learned_at = snapshot.generation
-                await relearn_pod_mix(app, snapshot)
+                await relearn_pod_mix(live, snapshot, metrics, now)
             await asyncio.sleep(settings.pod_mix_interval_s)
 
     async with serving.background(loop(learned_at), "learn pod mix"):
@@ -591,7 +390,13 @@ def create_app(
         binder = binder or MemoryBinder(cache)
     else:
         app.cleanup_ctx.append(_watch_cluster)
-    app[BINDS] = Binds(binder, settings.recent_pods)
+    app[BINDS] = Binds(
+        binder,
+        settings.recent_pods,
+        cache=cache,
+        clock=clock,
+        observe_api=app[METRICS].bind_api.observe,
+    )
     app.cleanup_ctx.append(_expire_assumptions)
     if settings.pod_mix == "learned":
         app.cleanup_ctx.append(_learn_pod_mix)

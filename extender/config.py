@@ -224,27 +224,8 @@ class ExtenderConfig:
     normalize_scores: bool = True
     """Spread ``/prioritize`` answers over 1-10 across the candidates (best = 10): the
     wire's eleven values are too coarse to carry fragmentation differences otherwise."""
-    scoring_key: str = field(init=False, repr=False, compare=False)
-    """What the node-only scorers read of this config, as text: part of the key nodes
-    memoize scores under. Made once here; formatting a mix of dozens of pod sizes on
-    every request would cost more than the memo saves."""
-    fragmentation_key: str = field(init=False, repr=False, compare=False)
-    """The key a node memoizes its own fragmentation under (one string object, so its
-    hash is computed once)."""
-    by_state: dict[object, object] = field(
-        default_factory=dict, init=False, repr=False, compare=False, hash=False
-    )
-    """Verdicts and scores by node *state* rather than by node object, for the
-    ``extender.plugins`` memos: a node that changed (a bind took a GPU) often reaches a
-    state that it, or another node, was in before, and then finds its answers here
-    instead of computing them afresh. Sound for the same reason as ``NodeState.memo``:
-    the key holds everything the answer reads. Belongs to this config, so a new config
-    (a new pod mix) starts empty."""
 
     def __post_init__(self) -> None:
-        key = f"{self.islands_required}|{self.cpu_stranding}|{self.weights!r}|{self.pod_mix!r}"
-        object.__setattr__(self, "scoring_key", key)
-        object.__setattr__(self, "fragmentation_key", f"F|{key}")
         names = [level.name for level in self.levels]
         labels = [level.node_label for level in self.levels]
         if len(set(names)) != len(names) or len(set(labels)) != len(labels):

@@ -1,9 +1,12 @@
 """The extender's four decisions over one snapshot: filter, prioritize, bind, preempt.
 
 Layer: PURE. Functions from (snapshot, pod, candidates, config, time) to plain results:
-no I/O, no clock (``now`` is a value), no cache (a ``Snapshot`` is all they read), no
-pydantic, no aiohttp. ``verbs`` feeds them decoded requests; the HTTP shell owns the
-cache, assumes what ``plan_bind`` chose, and calls the API.
+no I/O, no clock (``now`` is a value), no cluster cache (a ``Snapshot`` is all they read
+of the cluster), no pydantic, no aiohttp. Each takes the config's decision cache
+(``memo``, an ``extender.memo.DecisionCache``) beside the snapshot, and reaches it only
+through the filters and scorers (and ``DecisionCache.by_name``). ``verbs`` feeds them
+decoded requests; the HTTP shell owns the caches, assumes what ``plan_bind`` chose, and
+calls the API.
 
 What the snapshot is to each decision:
 
@@ -22,7 +25,6 @@ What the snapshot is to each decision:
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -42,35 +44,16 @@ from cluster.model import (
 )
 from cluster.snapshot import Snapshot, apply_allocation
 from extender.config import ExtenderConfig
-from extender.plugins import (
-    FIT,
-    MAX_SCORE,
-    Draining,
-    PodContext,
-    Unfit,
-    Verdict,
-    applied_weight,
-    build_context,
-    choose_gpus,
-    clamp_score,
-    filter_key,
-    flat_answers,
-    gang_shortcut,
-    kept_answer,
-    run_filters,
-    run_filters_keyed,
-    score_key,
-    score_node_keyed,
-    static_score,
-)
+from extender.context import FIT, PodContext, Unfit, Verdict
+from extender.filters import run_filters
+from extender.gangs import build_context
+from extender.gpus import choose_gpus
+from extender.memo import MISSING, DecisionCache, ScoreShape, ShapeKey
+from extender.scores import MAX_SCORE, applied_weight, clamp_score, score_node, static_score
 
 SUBSETS_TRIED: Final = 4096
 """Victim subsets ``preempt`` tries for the smallest one before it settles for a
 minimal one (no victim can be spared) found greedily."""
-
-
-_UNKNOWN: Final = -1.0
-"""Not a score (they are 0..10): what a look-up in the kept scores gives for no entry."""
 
 
 def _not_cached(name: str) -> str:
@@ -99,63 +82,47 @@ def filter_nodes(
     now: datetime,
     *,
     unresolvable: Mapping[NodeName, str] | None = None,
+    memo: DecisionCache | None = None,
 ) -> FilterOutcome:
-    """Run every filter of ``plugins`` for ``pod`` on each named node.
+    """Run the filters (``filters.run_filters``) for ``pod`` on each named node.
 
     ``unresolvable`` adds nodes already known to fail (``request_nodes``' unknown ones).
     A pod whose GPU request is no count of GPUs (``PodInfo.refusal``) fits no node, and
     no preemption can help: every candidate is unresolvable, with that reason.
+    ``memo`` is the decision cache of ``config`` (None: decide afresh).
     """
     if pod.refusal:
         names = cast("Iterable[NodeName]", chain(node_names, unresolvable or ()))
         refused = dict.fromkeys(names, pod.refusal)
         return FilterOutcome((), MappingProxyType({}), MappingProxyType(refused))
-    ctx = build_context(snapshot, pod, config, now)
-    key = filter_key(ctx)
-    gang = ctx.gang
+    ctx = build_context(snapshot, pod, config, now, memo)
     nodes = snapshot.nodes
-    # A lone pod's answers by name, which are also those of a gang member whose gang
-    # refuses no node: one look-up per candidate in the common case. A gang with a
-    # required level has its own shortcut, by the domain of each node.
-    lone = gang is None or not gang.refuses_nodes
-    flat = flat_answers(snapshot, config, key) if lone else None
-    shortcut = None if lone else gang_shortcut(snapshot, ctx, key)
-    known = cast("dict[NodeName, Verdict | Draining]", flat if flat is not None else {})
+    # A lone pod's verdicts by name, which are also those of a gang member whose gang
+    # refuses no node: one look-up per candidate in the common case. A draining node's
+    # verdict reads the time: judged whole every time.
+    lone = ctx.gang is None or not ctx.gang.refuses_nodes
+    kept = ctx.memo.by_name(snapshot, ctx.shape) if lone else None
+    known = cast("dict[NodeName, Verdict]", kept if kept is not None else {})
     fits: list[NodeName] = []
     failed: dict[NodeName, str] = {}
     hopeless: dict[NodeName, str] = dict(unresolvable or {})
     for name in cast("Iterable[NodeName]", node_names):
+        if name in hopeless:
+            continue  # named twice, or given as unresolvable
         verdict = known.get(name)
         if verdict is None:
-            if name in hopeless:
+            node = nodes.get(name)
+            if node is None:
+                hopeless[name] = _not_cached(name)
                 continue
-            if shortcut is not None:
-                verdict = shortcut.answer(name)
-            if verdict is None:
-                node = nodes.get(name)
-                if node is None:
-                    hopeless[name] = _not_cached(name)
-                    continue
-                if flat is not None:
-                    # what is kept is the verdict (a draining node's is told below)
-                    verdict = flat[name] = kept_answer(ctx, node, key)
-                else:
-                    verdict = run_filters_keyed(ctx, node, key)
-                    if shortcut is not None:
-                        shortcut.learn(name, node)
-        elif name in hopeless:
-            continue  # named twice, or given as unresolvable
+            verdict = run_filters(ctx, node)
+            if kept is not None and node.drain_after is None:
+                known[name] = verdict
         if verdict is FIT:
             fits.append(name)
-        elif isinstance(verdict, Unfit):
+        else:
+            assert isinstance(verdict, Unfit)
             (failed if verdict.resolvable else hopeless)[name] = verdict.reason
-        else:  # last, so that only the rarest answer pays for telling it apart
-            assert isinstance(verdict, Draining)
-            answer = verdict.answer(ctx)
-            if isinstance(answer, Unfit):
-                (failed if answer.resolvable else hopeless)[name] = answer.reason
-            else:
-                fits.append(name)
     return FilterOutcome(tuple(fits), MappingProxyType(failed), MappingProxyType(hopeless))
 
 
@@ -168,9 +135,11 @@ def score_nodes(
     node_names: Iterable[str],
     config: ExtenderConfig,
     now: datetime,
+    *,
+    memo: DecisionCache | None = None,
 ) -> list[float | None]:
     """The combined score (0..10) of each named node, in order; None where the pod does
-    not fit.
+    not fit. ``memo`` is the decision cache of ``config`` (None: decide afresh).
 
     The fine-grained answer, for callers that rank nodes themselves (the load test);
     ``prioritize`` is what goes on the wire. Scores alone, not (name, score) pairs: a
@@ -179,38 +148,45 @@ def score_nodes(
     """
     if pod.refusal:
         return [None for _ in node_names]
-    ctx = build_context(snapshot, pod, config, now)
-    fkey, skey = filter_key(ctx), score_key(ctx)
+    ctx = build_context(snapshot, pod, config, now, memo)
     plain = ctx.gang is None
     scale = applied_weight(ctx)
     nodes = snapshot.nodes
     # Outside a gang a node's score depends on the node and the pod's shape alone: kept
-    # by name (``flat_answers``), and in each node's memo (``static_score``), so that a
-    # node unchanged since an earlier request with a pod of this shape costs a look-up.
-    flat = flat_answers(snapshot, config, sys.intern(f"{fkey}|{skey}")) if plain else None
-    known_scores = cast("dict[NodeName, float | None]", flat if flat is not None else {})
+    # by name, so that a node unchanged since an earlier request with a pod of this
+    # shape costs a look-up.
+    kept = ctx.memo.by_name(snapshot, _Scored(ctx.shape, ctx.score_shape)) if plain else None
+    known_scores = cast("dict[NodeName, float | None]", kept if kept is not None else {})
     # a kept score may be None (the pod does not fit): one look-up tells it from no entry
     scored: list[float | None] = []
     for name in cast("Iterable[NodeName]", node_names):
-        known = known_scores.get(name, _UNKNOWN)
-        if known is not _UNKNOWN:
-            scored.append(known)
+        known = known_scores.get(name, MISSING)
+        if known is not MISSING:
+            scored.append(known)  # type: ignore[arg-type]
             continue
         node = nodes.get(name)
         if node is None:
             scored.append(None)
             continue
-        if run_filters_keyed(ctx, node, fkey) is not FIT:
+        if run_filters(ctx, node) is not FIT:
             score = None
         elif plain:
-            static = static_score(ctx, node, skey)
+            static = static_score(ctx, node)
             score = 0.0 if static is None or not scale else clamp_score(static / scale)
         else:
-            score = score_node_keyed(ctx, node, skey)
-        if flat is not None and node.drain_after is None:
-            flat[name] = score
+            score = score_node(ctx, node)
+        if kept is not None and node.drain_after is None:
+            known_scores[name] = score
         scored.append(score)
     return scored
+
+
+@dataclass(frozen=True, slots=True)
+class _Scored:
+    """The key of the scores kept by name: what the filters and the scorers read."""
+
+    filters: ShapeKey
+    scores: ScoreShape
 
 
 def prioritize(
@@ -219,9 +195,12 @@ def prioritize(
     node_names: Iterable[str],
     config: ExtenderConfig,
     now: datetime,
+    *,
+    memo: DecisionCache | None = None,
 ) -> list[int]:
     """Integer scores 0..10 for ``/prioritize``, one per name, in the request's order."""
-    return wire_scores(score_nodes(snapshot, pod, node_names, config, now), config)
+    scored = score_nodes(snapshot, pod, node_names, config, now, memo=memo)
+    return wire_scores(scored, config)
 
 
 def wire_scores(scored: Sequence[float | None], config: ExtenderConfig) -> list[int]:
@@ -362,6 +341,7 @@ def plan_bind(
     now: datetime,
     *,
     uid: str = "",
+    memo: DecisionCache | None = None,
 ) -> BindPlan | BindRefusal:
     """The GPUs ``pod`` takes on ``node``, re-checked against every bound and assumed
     pod in ``snapshot``, or why not.
@@ -398,7 +378,7 @@ def plan_bind(
         return BindRefusal(f"cannot bind pod {key}: {_not_cached(node)}")
     if not info.demand.uses_gpu:
         return BindPlan(info, None)
-    ctx = build_context(snapshot, info, config, now)
+    ctx = build_context(snapshot, info, config, now, memo)
     verdict = run_filters(ctx, state)
     if isinstance(verdict, Unfit):
         return BindRefusal(f"cannot bind pod {key} to node {node}: {verdict.reason}")
@@ -437,6 +417,7 @@ def preempt(
     now: datetime,
     *,
     max_subsets: int = SUBSETS_TRIED,
+    memo: DecisionCache | None = None,
 ) -> dict[NodeName, NodeVictims]:
     """Of kube-scheduler's proposals, the nodes where evicting the proposed victims
     really frees a valid placement for ``pod``, each with the smallest such subset.
@@ -452,7 +433,7 @@ def preempt(
     """
     if pod.refusal:
         return {}
-    ctx = build_context(snapshot, pod, config, now)
+    ctx = build_context(snapshot, pod, config, now, memo)
     keys = _victim_keys(snapshot, proposals)
     answer: dict[NodeName, NodeVictims] = {}
     for raw, proposal in proposals.items():

@@ -42,7 +42,7 @@ LATENCY_BUCKETS: Final = (
 )
 
 # Ordered: the first fragment found in a reason names its category. They follow the
-# wording of extender.plugins and extender.decide; an unknown wording counts as "other".
+# wording of extender.filters and extender.decide; an unknown wording counts as "other".
 _REASON_FRAGMENTS: Final = (
     ("request is unusable: ", "unusable_request"),
     ("not in the extender's cache", "not_cached"),

@@ -4,7 +4,8 @@ Layer: PURE glue between ``wire`` (bytes ⇄ records) and ``decide`` (the decisi
 I/O, no clock (``now`` is passed in), no cache (a ``Snapshot`` is all it reads; the
 ``wire.RecentPods`` it may be handed only saves decoding a pod again), no aiohttp. The
 HTTP shell takes a snapshot, calls one of these with no ``await`` in between, and
-writes the ``Reply``.
+writes the ``Reply``. ``memo`` is the decision cache of the config in use, passed on
+to ``decide`` (None: decide afresh).
 
 Status codes: a body that is not the verb's request is HTTP 400 with the reason (as
 ``{"Error": …}`` for a person with curl; kube-scheduler reads only the status). Anything
@@ -36,6 +37,7 @@ from cluster.model import NodeName, PodInfo, PodKey
 from cluster.snapshot import Snapshot
 from extender import decide, wire
 from extender.config import ExtenderConfig
+from extender.memo import DecisionCache
 
 OK = 200
 BAD_REQUEST = 400
@@ -98,6 +100,7 @@ def handle_filter(
     now: datetime,
     *,
     recent: wire.RecentPods | None = None,
+    memo: DecisionCache | None = None,
 ) -> Reply:
     """``POST /filter``: the candidates the pod fits, in the request's spelling.
 
@@ -108,11 +111,17 @@ def handle_filter(
     except wire.BadRequest as exc:
         return _bad(str(exc))
     if args.node_names is not None:
-        outcome = decide.filter_nodes(snapshot, args.pod, args.node_names, config, now)
+        outcome = decide.filter_nodes(snapshot, args.pod, args.node_names, config, now, memo=memo)
     elif args.nodes is not None:
         given = decide.request_nodes(snapshot, args.nodes.items, config)
         outcome = decide.filter_nodes(
-            given.snapshot, args.pod, given.names, config, now, unresolvable=given.unresolvable
+            given.snapshot,
+            args.pod,
+            given.names,
+            config,
+            now,
+            unresolvable=given.unresolvable,
+            memo=memo,
         )
     else:
         return Reply(OK, wire.encode_filter_error(_NO_CANDIDATES), note=_NO_CANDIDATES)
@@ -131,6 +140,7 @@ def handle_prioritize(
     now: datetime,
     *,
     recent: wire.RecentPods | None = None,
+    memo: DecisionCache | None = None,
 ) -> Reply:
     """``POST /prioritize``: a score 0..10 per candidate, in the request's order."""
     try:
@@ -139,10 +149,10 @@ def handle_prioritize(
         return _bad(str(exc))
     if args.node_names is not None:
         hosts: Sequence[str] = args.node_names
-        scores = decide.prioritize(snapshot, args.pod, hosts, config, now)
+        scores = decide.prioritize(snapshot, args.pod, hosts, config, now, memo=memo)
     elif args.nodes is not None:
         given = decide.request_nodes(snapshot, args.nodes.items, config)
-        scored = decide.score_nodes(given.snapshot, args.pod, given.names, config, now)
+        scored = decide.score_nodes(given.snapshot, args.pod, given.names, config, now, memo=memo)
         by_name: dict[str, float | None] = dict(zip(given.names, scored, strict=True))
         # every node of the request gets a score, the unusable ones 0, in its order
         hosts = [name for name in map(_item_name, args.nodes.items) if name is not None]
@@ -173,6 +183,7 @@ def plan_bind(
     now: datetime,
     *,
     seen: Mapping[str, PodInfo] | None = None,
+    memo: DecisionCache | None = None,
 ) -> BindStep | Reply:
     """``POST /bind``, the deciding half: the GPUs to assume, or the answer right away.
 
@@ -188,7 +199,7 @@ def plan_bind(
         recent = seen.get(args.pod_uid)
         if recent is not None and recent.key == args.key:
             pod = recent
-    plan = decide.plan_bind(snapshot, pod, args.node, config, now, uid=args.pod_uid)
+    plan = decide.plan_bind(snapshot, pod, args.node, config, now, uid=args.pod_uid, memo=memo)
     if isinstance(plan, decide.BindRefusal):
         return Reply(OK, wire.encode_binding_result(plan.reason), note=plan.reason)
     return BindStep(args, plan)
@@ -206,11 +217,12 @@ def handle_preempt(
     now: datetime,
     *,
     recent: wire.RecentPods | None = None,
+    memo: DecisionCache | None = None,
 ) -> Reply:
     """``POST /preempt``: the proposed nodes where eviction really helps, fewest victims."""
     try:
         args = wire.decode_preemption_args(body, recent)
     except wire.BadRequest as exc:
         return _bad(str(exc))
-    chosen = decide.preempt(snapshot, args.pod, args.proposals, config, now)
+    chosen = decide.preempt(snapshot, args.pod, args.proposals, config, now, memo=memo)
     return Reply(OK, wire.encode_preemption_result(chosen))

@@ -51,6 +51,7 @@ from cluster.clock import Clock, SystemClock
 from cluster.feed import CacheFeed
 from extender import decide, verbs, wire
 from extender.config import ExtenderConfig
+from extender.memo import DecisionCache
 from extender.settings import ExtenderSettings
 from loadtest.bench_cache import BLOCK_LABEL, GPUS_PER_NODE, RACK_LABEL, write_fleet
 from loadtest.openloop import Http1Connection, RequestFailed, RunResult, Schedule, run_open_loop
@@ -165,6 +166,7 @@ def micro(
     """Each stage of /filter and /prioritize on their own, then /bind's plan."""
     snapshot = cache.snapshot()
     now = clock.now()
+    memo = DecisionCache(config)  # the server keeps one per config, across requests
     rng = random.Random(7)
     rows: list[tuple[str, Summary]] = []
 
@@ -179,41 +181,43 @@ def micro(
             body = args_body(pod_json, names)
             args = wire.decode_extender_args(body)
             pod, candidates = args.pod, args.node_names or ()
-            outcome = decide.filter_nodes(snapshot, pod, candidates, config, now)
-            scores = decide.prioritize(snapshot, pod, outcome.fits, config, now)
+            outcome = decide.filter_nodes(snapshot, pod, candidates, config, now, memo=memo)
+            scores = decide.prioritize(snapshot, pod, outcome.fits, config, now, memo=memo)
             fits_body = args_body(pod_json, outcome.fits)
             tag = f"{shape}, {count} names"
             stage(f"decode ExtenderArgs ({tag})", partial(wire.decode_extender_args, body))
             stage(
                 f"filter core ({tag})",
-                partial(decide.filter_nodes, snapshot, pod, candidates, config, now),
+                partial(decide.filter_nodes, snapshot, pod, candidates, config, now, memo=memo),
             )
             stage(f"encode filter result ({tag})", partial(wire.encode_filter, args, outcome))
             stage(
                 f"/filter whole verb ({tag})",
-                partial(verbs.handle_filter, body, snapshot, config, now),
+                partial(verbs.handle_filter, body, snapshot, config, now, memo=memo),
             )
             stage(
                 f"score core, {len(outcome.fits)} fitting ({tag})",
-                partial(decide.prioritize, snapshot, pod, outcome.fits, config, now),
+                partial(decide.prioritize, snapshot, pod, outcome.fits, config, now, memo=memo),
             )
             stage(
                 f"encode priorities ({tag})", partial(wire.encode_priorities, outcome.fits, scores)
             )
             stage(
                 f"/prioritize whole verb, all names ({tag})",
-                partial(verbs.handle_prioritize, body, snapshot, config, now),
+                partial(verbs.handle_prioritize, body, snapshot, config, now, memo=memo),
             )
             stage(
                 f"/prioritize whole verb, fitting only ({tag})",
-                partial(verbs.handle_prioritize, fits_body, snapshot, config, now),
+                partial(verbs.handle_prioritize, fits_body, snapshot, config, now, memo=memo),
             )
     # bind plans of pending pods (shares, whole GPUs, gang members) on a node they fit
     plans: list[bytes] = []
     for pod_json in cluster.pending[:200]:
         meta = pod_json["metadata"]
         args = wire.decode_extender_args(args_body(pod_json, cluster.names[:500]))
-        outcome = decide.filter_nodes(snapshot, args.pod, args.node_names or (), config, now)
+        outcome = decide.filter_nodes(
+            snapshot, args.pod, args.node_names or (), config, now, memo=memo
+        )
         if outcome.fits:
             binding = {
                 "PodName": meta["name"],
@@ -225,7 +229,7 @@ def micro(
     turn = iter(range(10**9))
 
     def plan_one() -> object:
-        return verbs.plan_bind(plans[next(turn) % len(plans)], snapshot, config, now)
+        return verbs.plan_bind(plans[next(turn) % len(plans)], snapshot, config, now, memo=memo)
 
     stage(f"bind plan (verbs.plan_bind, {len(plans)} pending pods)", plan_one)
     return rows
@@ -245,11 +249,20 @@ def sweep(
             cluster = write_cluster(Path(folder) / "c.json", size, size * pods_per_node, seed)
             cache = load_cache(cluster.path, clock, config)
         view, now = cache.snapshot(), clock.now()
+        memo = DecisionCache(config)
         body = args_body(probe_pod(1), cluster.names)
         with heap.short_pauses():  # as the server collects
-            f = timed(clock, partial(verbs.handle_filter, body, view, config, now), budget_s, 10)
+            f = timed(
+                clock,
+                partial(verbs.handle_filter, body, view, config, now, memo=memo),
+                budget_s,
+                10,
+            )
             p = timed(
-                clock, partial(verbs.handle_prioritize, body, view, config, now), budget_s, 10
+                clock,
+                partial(verbs.handle_prioritize, body, view, config, now, memo=memo),
+                budget_s,
+                10,
             )
         rss = proc_memory(os.getpid()).get("VmRSS", 0) / MIB
         lines.append(

@@ -2,8 +2,9 @@
 
 Layer: I/O + ROOT (reads the trace CSVs, prints tables, writes JSON; ``main`` is the
 CLI). The arithmetic of the method lives in ``loadtest.fgd``; Tessera's decisions are
-the extender's own PURE code (``extender.plugins``: ``run_filters``, ``score_node``,
-``choose_gpus``), called on ``NodeState`` values built straight from the trace rows.
+the extender's own PURE code (``extender.filters.run_filters``,
+``extender.scores.score_node``, ``extender.gpus.choose_gpus``), called on ``NodeState``
+values built straight from the trace rows.
 Must not change what it measures: no policy knows which trace it runs on.
 
     python -m loadtest.placement --quick
@@ -40,15 +41,11 @@ from typing import Any, Final, Literal, Protocol
 from cluster import jsonio, labels
 from cluster.model import GpuDevice, NodeName, NodeState, PodDemand, PodKey
 from extender.config import ExtenderConfig, ScoringWeights, mix_from_demands
-from extender.plugins import (
-    FIT,
-    SCORERS,
-    PodContext,
-    applied_weight,
-    choose_gpus,
-    clamp_score,
-    run_filters,
-)
+from extender.context import FIT, PodContext
+from extender.filters import run_filters
+from extender.gpus import choose_gpus
+from extender.memo import DecisionCache
+from extender.scores import score_node
 from loadtest import fgd
 from loadtest.fgd import Shape
 from loadtest.traces import (
@@ -290,12 +287,20 @@ class Tessera:
     select: Select = "best"
     contexts: dict[Shape, PodContext] = field(default_factory=dict)
     memo: dict[tuple[Any, ...], tuple[float, tuple[int, ...]] | None] = field(default_factory=dict)
+    decisions: DecisionCache | None = None
+    """The extender's decision cache of ``config``, made with the first context."""
 
     def _context(self, s: Shape) -> PodContext:
         ctx = self.contexts.get(s)
         if ctx is None:
+            if self.decisions is None:
+                self.decisions = DecisionCache(self.config)
             ctx = self.contexts[s] = PodContext(
-                pod=PodKey("trace/pod"), demand=demand_of(s), now=NOW, config=self.config
+                pod=PodKey("trace/pod"),
+                demand=demand_of(s),
+                now=NOW,
+                config=self.config,
+                memo=self.decisions,
             )
         return ctx
 
@@ -312,7 +317,7 @@ class Tessera:
         if run_filters(ctx, node) is FIT:
             choice = choose_gpus(node, ctx.demand, self.config)
             if choice is not None:
-                score = combined_score(ctx, node)
+                score = score_node(ctx, node)
                 found = (math.floor(self.scale * score) if self.integer else score, choice)
         self.memo[key] = found
         return found
@@ -326,20 +331,6 @@ class Tessera:
         if found is None:
             raise AssertionError("a node that passed the extender's filters has GPUs")
         return list(found[1])
-
-
-def combined_score(ctx: PodContext, node: NodeState) -> float:
-    """``plugins.score_node``'s weighted mean of ``plugins.SCORERS`` (a test holds the two
-    equal), without the per-call memo key that ``score_node`` formats from the whole pod
-    mix: a fresh node per call here, so that key would cost more than it saves."""
-    weights = ctx.config.weights
-    total = sum(
-        getattr(weights, name) * scorer(ctx, node)
-        for name, scorer in SCORERS.items()
-        if getattr(weights, name) and (name != "gang_locality" or ctx.gang is not None)
-    )
-    scale = applied_weight(ctx)
-    return clamp_score(total / scale) if scale else 0.0
 
 
 PolicyFactory = Callable[[Sequence[TracePod]], Policy]

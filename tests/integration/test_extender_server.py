@@ -24,7 +24,7 @@ import sys
 import zlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,9 +44,10 @@ from cluster.serving import EXPOSITION, GUARD, metrics_app, running
 from cluster.tls import CertReloader, client_context
 from extender import wire
 from extender.app import CACHE, create_app
-from extender.binder import Binder, BindError, MemoryBinder, Placement
+from extender.binder import Binder, MemoryBinder
 from extender.settings import ExtenderSettings, parse_levels
 from loadtest.pinned import free_port
+from tests.binders import FailingBinder, GatedBinder
 from tests.builders import RACK_LABEL, node_json, pod_json
 from tests.certfiles import MTLS_CLIENTS, Material, make_material
 from tests.fakeapi import FakeApiServer, Fault, write_kubeconfig
@@ -176,32 +177,6 @@ async def serving(
         connector = aiohttp.TCPConnector(limit=20, ssl=client_tls or True)
         async with aiohttp.ClientSession(connector=connector) as session:
             yield Extender(url, session, app, f"http://127.0.0.1:{metrics_port}")
-
-
-@dataclass
-class GatedBinder:
-    """Holds every bind until ``release`` is set, then hands it to ``behind``."""
-
-    behind: Binder
-    entered: asyncio.Event = field(default_factory=asyncio.Event)
-    release: asyncio.Event = field(default_factory=asyncio.Event)
-    calls: list[Placement] = field(default_factory=list)
-
-    async def bind(self, placement: Placement) -> None:
-        self.calls.append(placement)
-        self.entered.set()
-        await self.release.wait()
-        await self.behind.bind(placement)
-
-
-@dataclass
-class FailingBinder:
-    """Every bind fails; ``uncertain`` as when the connection broke mid-bind."""
-
-    uncertain: bool
-
-    async def bind(self, placement: Placement) -> None:
-        raise BindError(f"cannot bind pod {placement.pod.key}: injected", uncertain=self.uncertain)
 
 
 def file_extender(
@@ -377,7 +352,7 @@ async def test_a_bind_repeated_while_under_way_waits_for_the_first(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """kube-scheduler repeats a bind after its httpTimeout; the pod is bound once."""
-    caplog.set_level(logging.INFO, logger="extender.app")
+    caplog.set_level(logging.INFO, logger="extender.binding")
     settings, clock, cache = file_extender(tmp_path, [node_json("gpu-a"), node_json("gpu-b")])
     pod = pod_json("slow-0", gpus=4)
     gate = GatedBinder(MemoryBinder(cache))
@@ -974,7 +949,7 @@ def gang_cluster() -> list[dict[str, Any]]:
 async def test_a_server_prepares_its_gang_shapes_before_their_first_request(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, mix: str
 ) -> None:
-    caplog.set_level(logging.INFO, logger="extender.app")
+    caplog.set_level(logging.INFO, logger="extender.learning")
     settings, clock, cache = file_extender(tmp_path, gang_cluster(), pod_mix=mix)
     # a new gang of the running one's shape, of three members: only r2 holds them
     first = pod_json("new-0", gpus=4, gang="team-nlp.new", gang_size=3, topology="required:rack")
@@ -992,7 +967,7 @@ async def test_a_server_prepares_its_gang_shapes_before_their_first_request(
 async def test_the_mix_is_learned_again_as_the_workload_changes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="extender.app")
+    caplog.set_level(logging.INFO, logger="extender.learning")
     settings, clock, cache = file_extender(
         tmp_path, mostly_single_gpu_cluster(), pod_mix_interval_s=0.05
     )
@@ -1033,7 +1008,7 @@ async def test_a_watching_server_learns_its_mix_once_the_informers_have_listed(
 async def test_a_watching_server_prepares_its_gang_shapes_once_the_informers_have_listed(
     api: FakeApiServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="extender.app")
+    caplog.set_level(logging.INFO, logger="extender.learning")
     for item in gang_cluster():
         api.put(NODES_PATH if item["kind"] == "Node" else PODS_PATH, item)
     settings = ExtenderSettings(

@@ -31,7 +31,8 @@ from cluster.model import (
 )
 from cluster.snapshot import Snapshot
 from extender.config import HOSTNAME_LEVEL, ExtenderConfig, TopologyLevel
-from extender.plugins import PodContext, build_context
+from extender.context import PodContext
+from extender.gangs import build_context
 from tests.builders import BLOCK_LABEL, H100, RACK_LABEL
 
 NOW = datetime(2026, 11, 29, 18, 0, tzinfo=UTC)

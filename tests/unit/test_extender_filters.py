@@ -12,13 +12,10 @@ from hypothesis import strategies as st
 
 from cluster.model import NodeState, PodDemand
 from extender.config import ExtenderConfig
+from extender.context import FIT, Unfit, Verdict
 from extender.decide import filter_nodes
-from extender.plugins import (
+from extender.filters import (
     FILTERS,
-    FIT,
-    Unfit,
-    Verdict,
-    choose_gpus,
     filter_gang_domain,
     filter_gang_room,
     filter_gpus,
@@ -27,6 +24,7 @@ from extender.plugins import (
     filter_schedulable,
     run_filters,
 )
+from extender.gpus import choose_gpus
 from tests.builders import H100, RACK_LABEL
 from tests.unit.test_extender_builders import (
     CONFIG,

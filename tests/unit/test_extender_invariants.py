@@ -32,19 +32,12 @@ from cluster.model import (
 from cluster.snapshot import Snapshot, apply_allocation, gpus_needed
 from extender import decide
 from extender.config import ExtenderConfig, ScoringWeights
+from extender.context import FIT, Unfit
 from extender.decide import NodeVictims, Victim
-from extender.plugins import (
-    FIT,
-    MAX_SCORE,
-    SCORERS,
-    Unfit,
-    build_context,
-    choose_gpus,
-    filter_gpus,
-    pod_fits,
-    run_filters,
-    score_node,
-)
+from extender.filters import filter_gpus, run_filters
+from extender.gangs import build_context
+from extender.gpus import choose_gpus, pod_fits
+from extender.scores import MAX_SCORE, SCORERS, score_node
 from tests.builders import BLOCK_LABEL, H100, RACK_LABEL
 from tests.unit.test_extender_builders import CONFIG, NOW, RELAXED, pod, snapshot
 

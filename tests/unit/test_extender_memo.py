@@ -1,16 +1,18 @@
-"""What the extender remembers between requests never changes a decision:
+"""What the extender remembers between requests (``extender.memo.DecisionCache``) never
+changes a decision:
 
-* a node answers the same verdict and score with a warm memo as a fresh copy does,
-  whatever pod shapes and configurations filled the memo before;
-* answers shared by node state (``ExtenderConfig.by_state``) are the ones a fresh
-  configuration gives each node on its own, and nodes in one state do share them;
+* a node answers the same verdict and score with a warm cache as with a fresh one,
+  whatever pod shapes and configurations filled the caches before;
+* answers shared by node state (``DecisionCache.by_state``) are the ones a fresh cache
+  gives each node on its own, and nodes in one state do share them;
 * a gang's room per domain, carried from one snapshot to the next as nodes change, is
   the room counted afresh on the same cluster;
 * a gang member answered by name (its nodes' domains, a lone pod's answers of its
   shape) gets the verdicts of judging each node whole;
-* a changed node (an allocation, a cordon, a GPU gone unhealthy) is a new object with an
-  empty memo, so the change shows at once;
-* the memo is no part of a node's equality or repr, and stays bounded.
+* a changed node (an allocation, a cordon, a GPU gone unhealthy) is a new object, which
+  no answer kept by node object is for, so the change shows at once;
+* a node stays a plain frozen value whatever was decided on it, a cache answers only
+  for its own config, and every table stays bounded.
 """
 
 from __future__ import annotations
@@ -23,18 +25,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.model import Allocation, GpuDevice, NodeName, NodeState, PodDemand, PodInfo
+from cluster.model import Allocation, GpuDevice, NodeName, NodeState, PodDemand, PodInfo, PodKey
 from cluster.snapshot import Snapshot, apply_allocation, pick_gpus
 from extender.config import ExtenderConfig
+from extender.context import FIT, PodContext, Unfit
 from extender.decide import filter_nodes, score_nodes
-from extender.plugins import (
-    FIT,
-    Unfit,
-    build_context,
-    prepare_gang_shape,
-    run_filters,
-    score_node,
-)
+from extender.filters import run_filters
+from extender.gangs import build_context, prepare_gang_shape
+from extender.memo import DecisionCache
+from extender.scores import score_node
 from tests.unit.test_extender_builders import (
     CONFIG,
     NOW,
@@ -53,9 +52,25 @@ def _node(*free: int) -> NodeState:
     return NodeState(name=NodeName("n1"), gpus=gpus, product="NVIDIA-H100-80GB-HBM3")
 
 
-def _decide(node: NodeState, demand: PodDemand, config: ExtenderConfig) -> tuple[object, float]:
-    ctx = build_context(snapshot([node]), pod("p", demand), config, NOW)
+def _decide(node: NodeState, demand: PodDemand, memo: DecisionCache) -> tuple[object, float]:
+    ctx = build_context(snapshot([node]), pod("p", demand), memo.config, NOW, memo)
     return run_filters(ctx, node), score_node(ctx, node)
+
+
+def _fresh(node: NodeState, demand: PodDemand, config: ExtenderConfig) -> tuple[object, float]:
+    """The decision with a cache that has seen nothing (and a fresh copy of the node)."""
+    return _decide(replace(node), demand, DecisionCache(config))
+
+
+class _Caches:
+    """One warm decision cache per config, as the server keeps one per config in use."""
+
+    def __init__(self) -> None:
+        self._by_config: dict[int, tuple[ExtenderConfig, DecisionCache]] = {}
+
+    def __call__(self, config: ExtenderConfig) -> DecisionCache:
+        kept = self._by_config.setdefault(id(config), (config, DecisionCache(config)))
+        return kept[1]
 
 
 @settings(max_examples=200)
@@ -65,38 +80,41 @@ def _decide(node: NodeState, demand: PodDemand, config: ExtenderConfig) -> tuple
     config=CONFIGS,
     before=st.lists(st.tuples(DEMANDS, CONFIGS), max_size=6),
 )
-def test_a_warm_memo_decides_as_a_fresh_node(
+def test_a_warm_cache_decides_as_a_fresh_one(
     node: NodeState,
     demand: PodDemand,
     config: ExtenderConfig,
     before: list[tuple[PodDemand, ExtenderConfig]],
 ) -> None:
+    warm = _Caches()
     for other, other_config in before:
-        _decide(node, other, other_config)
-    _decide(node, demand, config)  # and once with this very shape
-    assert _decide(node, demand, config) == _decide(replace(node), demand, config)
+        _decide(node, other, warm(other_config))
+    _decide(node, demand, warm(config))  # and once with this very shape
+    assert _decide(node, demand, warm(config)) == _fresh(node, demand, config)
 
 
 def test_an_allocation_is_seen_at_once() -> None:
+    memo = DecisionCache(CONFIG)
     node = _node(1000, 1000, 1000, 1000, 0, 0, 0, 0)
     demand = PodDemand(gpus=4)
-    assert _decide(node, demand, CONFIG)[0] is FIT
+    assert _decide(node, demand, memo)[0] is FIT
     after = apply_allocation(node, Allocation(node.name, (0,), 1000), 1)
-    verdict, _score = _decide(after, demand, CONFIG)
+    verdict, _score = _decide(after, demand, memo)
     assert isinstance(verdict, Unfit)
     assert "3 healthy GPUs free in island 0, pod needs 4" in verdict.reason
-    assert _decide(node, demand, CONFIG)[0] is FIT  # the old object still answers for itself
+    assert _decide(node, demand, memo)[0] is FIT  # the old object still answers for itself
 
 
 def test_a_cordon_or_a_sick_gpu_is_seen_at_once() -> None:
+    memo = DecisionCache(CONFIG)
     node = _node(*[1000] * 8)
     demand = PodDemand(gpus=4)
-    assert _decide(node, demand, CONFIG)[0] is FIT
-    cordoned = _decide(replace(node, unschedulable=True), demand, CONFIG)[0]
+    assert _decide(node, demand, memo)[0] is FIT
+    cordoned = _decide(replace(node, unschedulable=True), demand, memo)[0]
     assert isinstance(cordoned, Unfit)
     assert "cordoned" in cordoned.reason
     sick = replace(node, gpus=tuple(replace(g, healthy=g.index >= 6) for g in node.gpus))
-    verdict = _decide(sick, demand, CONFIG)[0]
+    verdict = _decide(sick, demand, memo)[0]
     assert isinstance(verdict, Unfit)
     assert "2 healthy GPUs" in verdict.reason
 
@@ -104,42 +122,55 @@ def test_a_cordon_or_a_sick_gpu_is_seen_at_once() -> None:
 def test_the_configuration_is_part_of_what_is_remembered() -> None:
     node = _node(1000, 1000, 0, 0, 1000, 1000, 0, 0)  # 2 + 2 free in two islands
     demand = PodDemand(gpus=3)
-    strict = _decide(node, demand, CONFIG)[0]
-    relaxed = _decide(node, demand, RELAXED)[0]
+    strict = _decide(node, demand, DecisionCache(CONFIG))[0]
+    relaxed = _decide(node, demand, DecisionCache(RELAXED))[0]
     assert isinstance(strict, Unfit)
     assert relaxed is FIT
 
 
-def test_the_memo_is_not_part_of_equality_or_repr() -> None:
+def test_a_cache_answers_only_for_its_own_config() -> None:
+    with pytest.raises(ValueError, match="config it was made for"):
+        PodContext(PodKey("ns/p"), PodDemand(gpus=1), NOW, RELAXED, memo=DecisionCache(CONFIG))
+    # an equal config is not enough: the server makes a cache with each config it uses
+    with pytest.raises(ValueError, match="config it was made for"):
+        build_context(
+            snapshot([]), pod("p", PodDemand(gpus=1)), replace(CONFIG), NOW, DecisionCache(CONFIG)
+        )
+
+
+def test_a_node_stays_a_plain_value_whatever_was_decided_on_it() -> None:
     node = _node(1000, 1000)
     fresh = replace(node)
-    _decide(node, PodDemand(gpus=1), CONFIG)
-    assert node.memo
-    assert not fresh.memo
+    memo = DecisionCache(CONFIG)
+    _decide(node, PodDemand(gpus=1), memo)
+    assert memo.sizes()["per_node"] > 0  # what was kept is in the cache, not the node
     assert node == fresh
     assert repr(node) == repr(fresh)
+    assert not hasattr(node, "__dict__")  # nowhere to keep anything on it
 
 
-def test_the_memo_stays_bounded() -> None:
+def test_the_cache_stays_bounded() -> None:
     node = _node(*[1000] * 8)
+    memo = DecisionCache(CONFIG)
     for milli in range(1, 400):
-        _decide(node, PodDemand(gpu_milli=milli), CONFIG)
-    assert len(node.memo) <= 64
+        _decide(node, PodDemand(gpu_milli=milli), memo)
+    assert memo.sizes()["per_node"] <= 64
 
 
 def test_a_gang_sees_room_taken_since_its_last_request() -> None:
-    """The first member's room per rack comes from the nodes' memos; a node that lost its
-    free island is a new object, so the rack's room shrinks at once."""
+    """The first member's room per rack is kept in the cache; a node that lost its free
+    island is a new object, so the rack's room shrinks at once."""
     nodes = [node(".... ....", "a", rack="r1"), node(".... ....", "b", rack="r2")]
     member = demand(4, gang="ns.job", size=2, topology="required:rack")
     first = snapshot(nodes)
+    memo = DecisionCache(CONFIG)
     verdict = run_filters(
-        build_context(first, pod("m0", member), CONFIG, NOW), first.nodes[NodeName("a")]
+        build_context(first, pod("m0", member), CONFIG, NOW, memo), first.nodes[NodeName("a")]
     )
     assert verdict is FIT  # r1 holds two 4-GPU members on node a
     taken = cluster(nodes, [pod("other", demand(4), node="a", indices=(0, 1, 2, 3))]).snapshot()
     later = run_filters(
-        build_context(taken, pod("m0", member), CONFIG, NOW), taken.nodes[NodeName("a")]
+        build_context(taken, pod("m0", member), CONFIG, NOW, memo), taken.nodes[NodeName("a")]
     )
     assert isinstance(later, Unfit)
     assert "the node's rack has room for 1 member" in later.reason
@@ -154,35 +185,33 @@ def test_a_gang_sees_room_taken_since_its_last_request() -> None:
 def test_answers_shared_by_state_are_each_nodes_own(
     group: list[NodeState], demands: list[PodDemand], config: ExtenderConfig
 ) -> None:
-    warm = replace(config)  # a config of its own, with an empty by_state
+    warm = DecisionCache(config)
     for each in group:
         for want in demands:
             _decide(each, want, warm)
     for each in group:
         for want in demands:
             # fresh node objects: their answers come from by_state, or afresh
-            assert _decide(replace(each), want, warm) == _decide(
-                replace(each), want, replace(config)
-            )
+            assert _decide(replace(each), want, warm) == _fresh(each, want, config)
 
 
 def test_nodes_in_one_state_share_their_answers() -> None:
-    config = replace(CONFIG)
+    memo = DecisionCache(CONFIG)
     first = _node(1000, 1000, 0, 0, 1000, 0, 0, 0)
-    _decide(first, PodDemand(gpus=2), config)
-    shared = len(config.by_state)
+    _decide(first, PodDemand(gpus=2), memo)
+    shared = memo.sizes()["by_state"]
     twin = replace(first, name=NodeName("n2"))
-    assert _decide(twin, PodDemand(gpus=2), config) == _decide(first, PodDemand(gpus=2), config)
-    assert len(config.by_state) == shared  # the twin computed nothing new
+    assert _decide(twin, PodDemand(gpus=2), memo) == _decide(first, PodDemand(gpus=2), memo)
+    assert memo.sizes()["by_state"] == shared  # the twin computed nothing new
     other = _node(1000, 1000, 1000, 0, 1000, 0, 0, 0)
-    _decide(other, PodDemand(gpus=2), config)
-    assert len(config.by_state) > shared
+    _decide(other, PodDemand(gpus=2), memo)
+    assert memo.sizes()["by_state"] > shared
 
 
 def test_a_draining_node_kept_by_name_is_judged_at_each_requests_time() -> None:
     """The answer kept for a draining node holds its own verdicts, never the time: each
     request's clock and time limit decide again, whatever an earlier request found."""
-    config = replace(CONFIG)
+    memo = DecisionCache(CONFIG)
     drains = NOW + timedelta(hours=2)
     snap = cluster(
         [node(".... ....", "draining", drain_after=drains), node(".... ....", "steady")]
@@ -190,7 +219,8 @@ def test_a_draining_node_kept_by_name_is_judged_at_each_requests_time() -> None:
     names = ["draining", "steady"]
 
     def fits(limit_s: int | None, at: datetime = NOW) -> tuple[str, ...]:
-        return filter_nodes(snap, pod("p", demand(1, time_limit_s=limit_s)), names, config, at).fits
+        want = pod("p", demand(1, time_limit_s=limit_s))
+        return filter_nodes(snap, want, names, CONFIG, at, memo=memo).fits
 
     for _ in range(2):  # the second round reads every answer from what the first kept
         assert fits(3600) == ("draining", "steady")
@@ -217,9 +247,9 @@ _GANG_STEPS = st.lists(
 """Steps of ``_changing_cluster`` that also place members of ``_TEAM_MEMBER``'s gang."""
 
 
-def _rooms_of(snap: Snapshot, config: ExtenderConfig) -> tuple[object, object]:
+def _rooms_of(snap: Snapshot, memo: DecisionCache) -> tuple[object, object]:
     member = pod("m0", demand(4, gang="ns.job", size=2, topology="required:rack"))
-    gang = build_context(snap, member, config, NOW).gang
+    gang = build_context(snap, member, memo.config, NOW, memo).gang
     assert gang is not None
     rooms = gang.rooms
     if rooms is None:
@@ -278,9 +308,9 @@ def _changing_cluster(
 def test_room_counts_carried_across_snapshots_match_a_fresh_count(
     layouts: list[str], steps: list[tuple[str, int]]
 ) -> None:
-    config = replace(CONFIG)
+    memo = DecisionCache(CONFIG)
     for live, fresh in _changing_cluster(layouts, steps):
-        assert _rooms_of(live, config) == _rooms_of(fresh, replace(CONFIG))
+        assert _rooms_of(live, memo) == _rooms_of(fresh, DecisionCache(CONFIG))
 
 
 @settings(max_examples=30, deadline=None)
@@ -288,21 +318,21 @@ def test_room_counts_carried_across_snapshots_match_a_fresh_count(
 def test_a_gang_shape_prepared_before_any_request_is_what_a_request_finds(
     layouts: list[str], steps: list[tuple[str, int]]
 ) -> None:
-    config = replace(CONFIG)
+    memo = DecisionCache(CONFIG)
     changes = _changing_cluster(layouts, steps)
     first, _ = next(changes)
     # a gang of the asking members' shape: what the server finds among its pods
     shape = demand(2, gang="other.job", size=3, topology="required:rack")
-    assert prepare_gang_shape(first, shape, config, NOW)
-    assert len(first.memo) == 1  # the room, kept for this snapshot as a request keeps it
-    assert _rooms_of(first, config) == _rooms_of(first, replace(CONFIG))
+    assert prepare_gang_shape(first, shape, memo, NOW)
+    assert memo.sizes()["carried"] == 1  # the room, kept as a request keeps it
+    assert _rooms_of(first, memo) == _rooms_of(first, DecisionCache(CONFIG))
     names = [f"n{i}" for i in range(6)] + ["gone"]
     for live, fresh in [(first, first), *changes]:
-        assert _rooms_of(live, config) == _rooms_of(fresh, replace(CONFIG))
+        assert _rooms_of(live, memo) == _rooms_of(fresh, DecisionCache(CONFIG))
         # the first member, then followers once a member of the gang is placed
         want = pod("asking", _TEAM_MEMBER)
-        assert filter_nodes(live, want, names, config, NOW) == filter_nodes(
-            fresh, want, names, replace(CONFIG), NOW
+        assert filter_nodes(live, want, names, CONFIG, NOW, memo=memo) == filter_nodes(
+            fresh, want, names, CONFIG, NOW
         )
 
 
@@ -317,11 +347,10 @@ def test_a_gang_shape_prepared_before_any_request_is_what_a_request_finds(
     ],
 )
 def test_a_shape_without_a_known_level_has_nothing_to_prepare(shape: PodDemand) -> None:
-    config = replace(CONFIG)
+    memo = DecisionCache(CONFIG)
     snap = cluster([node(".... ....", "n0", rack="r0")]).snapshot()
-    assert not prepare_gang_shape(snap, shape, config, NOW)
-    assert not snap.memo
-    assert not config.by_state
+    assert not prepare_gang_shape(snap, shape, memo, NOW)
+    assert not any(memo.sizes().values())
 
 
 @settings(max_examples=60, deadline=None)
@@ -333,29 +362,29 @@ def test_a_shape_without_a_known_level_has_nothing_to_prepare(shape: PodDemand) 
 def test_answers_kept_by_name_across_snapshots_match_fresh_ones(
     layouts: list[str], steps: list[tuple[str, int]], shapes: list[PodDemand]
 ) -> None:
-    config = replace(CONFIG)
+    memo = DecisionCache(CONFIG)
     names = [f"n{i}" for i in range(6)] + ["gone"]
     for number, (live, fresh) in enumerate(_changing_cluster(layouts, steps)):
         want = pod("p", shapes[number % len(shapes)])
-        assert filter_nodes(live, want, names, config, NOW) == filter_nodes(
-            fresh, want, names, replace(CONFIG), NOW
+        assert filter_nodes(live, want, names, CONFIG, NOW, memo=memo) == filter_nodes(
+            fresh, want, names, CONFIG, NOW
         )
-        assert score_nodes(live, want, names, config, NOW) == score_nodes(
-            fresh, want, names, replace(CONFIG), NOW
+        assert score_nodes(live, want, names, CONFIG, NOW, memo=memo) == score_nodes(
+            fresh, want, names, CONFIG, NOW
         )
 
 
 def test_the_tables_kept_by_name_stay_bounded_whatever_the_pod_shapes() -> None:
-    config = replace(CONFIG)
+    memo = DecisionCache(CONFIG)
     snap = cluster([node(".... ....", f"n{i}", rack="r1") for i in range(3)]).snapshot()
     names = ["n0", "n1", "n2"]
     for milli in range(1, 300):
         want = pod("p", demand(0, milli))
-        assert filter_nodes(snap, want, names, config, NOW).fits == tuple(names)
-        score_nodes(snap, want, names, config, NOW)
-    tables = config.by_state["tables"]  # answers by node name, one table per pod shape
-    assert isinstance(tables, dict)
-    assert 0 < len(tables) <= 64
+        assert filter_nodes(snap, want, names, CONFIG, NOW, memo=memo).fits == tuple(names)
+        score_nodes(snap, want, names, CONFIG, NOW, memo=memo)
+    # answers by node name, one table per pod shape; by node object, the same
+    assert 0 < memo.sizes()["by_name"] <= 64
+    assert 0 < memo.sizes()["per_node"] <= 64
 
 
 @settings(max_examples=80, deadline=None)
@@ -377,7 +406,7 @@ def test_a_gang_members_answers_by_name_are_those_of_each_node_judged_whole(
     asking one after another: what each request answers with what earlier requests
     kept by name (the lone pods' answers, each node's rack) is what judging every
     node afresh answers."""
-    config = replace(CONFIG)
+    memo = DecisionCache(CONFIG)
     names = [f"n{i}" for i in range(6)] + ["gone"]
     for number, (live, fresh) in enumerate(_changing_cluster(layouts, steps)):
         ask = asks[number % len(asks)]
@@ -385,9 +414,9 @@ def test_a_gang_members_answers_by_name_are_those_of_each_node_judged_whole(
             want = pod("asking", demand(2))
         else:
             want = pod("asking", demand(2, gang="ns.team", size=3, topology=ask))
-        kept = filter_nodes(live, want, names, config, NOW)
-        assert kept == filter_nodes(fresh, want, names, replace(CONFIG), NOW)
-        ctx = build_context(fresh, want, replace(CONFIG), NOW)
+        kept = filter_nodes(live, want, names, CONFIG, NOW, memo=memo)
+        assert kept == filter_nodes(fresh, want, names, CONFIG, NOW)
+        ctx = build_context(fresh, want, CONFIG, NOW)
         for name in names[:-1]:
             verdict = run_filters(ctx, fresh.nodes[NodeName(name)])
             if verdict is FIT:

@@ -21,7 +21,6 @@ from cluster.model import (
     PodPhase,
     pod_key,
 )
-from extender.app import CONFIG, METRICS, create_app, learn_pod_mix, relearn_pod_mix
 from extender.config import (
     DEFAULT_POD_MIX,
     MixEntry,
@@ -30,6 +29,8 @@ from extender.config import (
     mix_from_counts,
     mix_from_demands,
 )
+from extender.learning import LiveConfig, learn_pod_mix, relearn_pod_mix
+from extender.metrics import ExtenderMetrics
 from extender.settings import ExtenderSettings
 
 NODE = NodeState(
@@ -60,6 +61,9 @@ def pod(
     )
 
 
+CLOCK = ManualClock()
+
+
 def cache_with(*pods: PodInfo) -> ClusterCache:
     cache = ClusterCache(ManualClock())
     cache.replace_nodes([NODE])
@@ -80,15 +84,15 @@ async def test_the_learned_mix_is_the_mix_of_every_pod_the_cache_holds() -> None
     cache = cache_with(*pods)
     assumed = pod("assumed", gpus=4, cpu=48_000)
     cache.assume(assumed, Allocation(NodeName("n1"), (4, 5, 6, 7), 1000))
-    app = create_app(ExtenderSettings(), cache=cache, clock=ManualClock())
+    live, metrics = LiveConfig(ExtenderSettings().to_config()), ExtenderMetrics(cache.counters)
 
-    assert await relearn_pod_mix(app, cache.snapshot())
+    assert await relearn_pod_mix(live, cache.snapshot(), metrics, CLOCK.now)
 
     expected = mix_from_demands(p.demand for p in [*pods, assumed])
-    assert app[CONFIG].current.pod_mix == expected
+    assert live.current.pod_mix == expected
     assert MixEntry(gpus=1, weight=8.0, cpu_milli=12_000) in expected
-    assert app[CONFIG].mix_pods == len(pods) + 1
-    exposition = app[METRICS].exposition().decode()
+    assert live.mix_pods == len(pods) + 1
+    exposition = metrics.exposition().decode()
     assert f"tessera_extender_pod_mix_sizes {float(len(expected))}" in exposition
     assert f"tessera_extender_pod_mix_pods {float(len(pods) + 1)}" in exposition
 
@@ -103,38 +107,40 @@ async def test_counting_in_batches_counts_every_pod_once() -> None:
 
 async def test_without_gpu_pods_the_built_in_mix_stays() -> None:
     cache = cache_with()
-    app = create_app(ExtenderSettings(), cache=cache, clock=ManualClock())
-    before = app[CONFIG].current
+    live, metrics = LiveConfig(ExtenderSettings().to_config()), ExtenderMetrics(cache.counters)
+    before = live.current
 
-    assert not await relearn_pod_mix(app, cache.snapshot())
+    assert not await relearn_pod_mix(live, cache.snapshot(), metrics, CLOCK.now)
 
-    assert app[CONFIG].current is before
+    assert live.current is before
     assert before.pod_mix == DEFAULT_POD_MIX
     assert mix_from_demands([]) == DEFAULT_POD_MIX
-    assert "tessera_extender_pod_mix_pods 0.0" in app[METRICS].exposition().decode()
+    assert "tessera_extender_pod_mix_pods 0.0" in metrics.exposition().decode()
 
 
 async def test_the_mix_is_replaced_only_when_it_moved_enough_to_matter() -> None:
     cache = cache_with(*(pod(f"one-{i}", gpus=1) for i in range(200)))
-    app = create_app(ExtenderSettings(), cache=cache, clock=ManualClock())
-    assert await relearn_pod_mix(app, cache.snapshot())
-    learned = app[CONFIG].current
+    live, metrics = LiveConfig(ExtenderSettings().to_config()), ExtenderMetrics(cache.counters)
+    assert await relearn_pod_mix(live, cache.snapshot(), metrics, CLOCK.now)
+    learned = live.current
+    kept = live.memo
 
     # one more pod of a known size: the same decisions, so the node memos stay warm
     cache.upsert_pod(pod("one-more", gpus=1))
-    assert not await relearn_pod_mix(app, cache.snapshot())
-    assert app[CONFIG].current is learned
+    assert not await relearn_pod_mix(live, cache.snapshot(), metrics, CLOCK.now)
+    assert live.current is learned
+    assert live.memo is kept
 
-    # a quarter of the pods now ask for 8 GPUs: a new mix, a new scoring key
+    # a quarter of the pods now ask for 8 GPUs: a new mix, with a decision cache of its own
     for i in range(70):
         cache.upsert_pod(pod(f"eight-{i}", gpus=8, cpu=96_000))
-    assert await relearn_pod_mix(app, cache.snapshot())
-    now = app[CONFIG].current
+    assert await relearn_pod_mix(live, cache.snapshot(), metrics, CLOCK.now)
+    now = live.current
     assert MixEntry(gpus=8, weight=70.0, cpu_milli=96_000) in now.pod_mix
-    assert now.scoring_key != learned.scoring_key
+    assert live.memo is not kept  # nothing decided under the old mix is read again
     assert now.levels == learned.levels
     assert now.weights == learned.weights
-    assert "tessera_extender_pod_mix_changes_total 2.0" in app[METRICS].exposition().decode()
+    assert "tessera_extender_pod_mix_changes_total 2.0" in metrics.exposition().decode()
 
 
 demands = st.lists(

@@ -20,11 +20,11 @@ from extender.config import (
     ScoringWeights,
     mix_from_demands,
 )
-from extender.plugins import (
+from extender.gpus import fragmentation
+from extender.scores import (
     MAX_SCORE,
     NEUTRAL_SCORE,
     Scorer,
-    fragmentation,
     score_gang_locality,
     score_island_fit,
     score_node,

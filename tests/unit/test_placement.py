@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from cluster.convert import node_from_json
 from cluster.model import PodKey
 from extender.config import ExtenderConfig, mix_from_demands
-from extender.plugins import PodContext, score_node
+from extender.context import PodContext
+from extender.scores import score_node
 from loadtest import fgd
 from loadtest.fgd import Shape
 from loadtest.placement import (
@@ -27,7 +28,6 @@ from loadtest.placement import (
     Policy,
     RandomFit,
     Tessera,
-    combined_score,
     demand_of,
     node_state,
     parse_seeds,
@@ -275,9 +275,13 @@ def test_the_harness_scores_nodes_as_the_extenders_score_node(
     frees: list[int], shape: Shape
 ) -> None:
     config = ExtenderConfig(pod_mix=mix_from_demands([demand_of(gpu_pod(milli=500))] * 3))
+    harness = Cluster.of(
+        [TraceNode("n", cpu_milli=20000, memory_mib=65536, gpus=len(frees), model="G2")]
+    )
+    harness.gpus[0] = list(frees)
     node = node_state("n", "G2", frees, 20000, 65536)
     ctx = PodContext(pod=PodKey("t/p"), demand=demand_of(shape), now=NOW, config=config)
-    assert combined_score(ctx, node) == pytest.approx(score_node(ctx, node))
+    assert Tessera(config, integer=False).score(harness, 0, shape) == score_node(ctx, node)
 
 
 def test_wire_selection_ties_every_node_the_normalized_wire_score_puts_at_10() -> None:

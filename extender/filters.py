@@ -1,0 +1,367 @@
+"""The filters of one node for one pod, and the one pipeline that runs them in order.
+
+Layer: PURE. Functions of (``PodContext``, ``NodeState``): no I/O, no clock (the request
+time arrives in the context), no settings, no aiohttp. Must not score, choose GPUs
+(``gpus.choose_gpus`` does; the GPU filter is "it found some") or reach into the
+decision cache but through the context's tables and ``memo.gpu_state``.
+
+``FILTERS`` is the pipeline, and ``run_filters`` is the only code that runs it: each
+filter in order, the first unresolvable reason wins (it tells kube-scheduler not to try
+preemption there), else the first resolvable one. The filters in ``NODE_FILTERS`` read
+only the node and the pod's shape: ``run_filters`` judges them as one group
+(``node_verdicts``), kept in the decision cache by node and by node state. Adding a
+filter is adding it to ``FILTERS`` (and to ``NODE_FILTERS`` when that is all it reads).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Final, TypeAlias
+
+from cluster.labels import GPU_RESOURCE
+from cluster.model import NodeState, product_matches
+from extender.config import TopologyLevel
+from extender.context import FIT, GangView, PodContext, Unfit, Verdict
+from extender.gpus import islands, one_island, pod_fits
+from extender.memo import MISSING, gpu_state
+
+Filter: TypeAlias = Callable[[PodContext, NodeState], Verdict]
+
+
+# ---------------------------------------------------------------- the node as a whole
+
+
+def filter_schedulable(ctx: PodContext, node: NodeState) -> Verdict:
+    """A cordoned node takes nothing new."""
+    if node.unschedulable:
+        return Unfit("node is cordoned (spec.unschedulable)", resolvable=False)
+    return FIT
+
+
+def filter_product(ctx: PodContext, node: NodeState) -> Verdict:
+    """The node's GPU model is one the pod accepts (``tessera.dev/gpu-product``)."""
+    accepted = ctx.demand.products
+    if not accepted or not ctx.demand.uses_gpu:
+        return FIT
+    wanted = " or ".join(accepted)
+    if not node.product:
+        return Unfit(f"node has no GPU product label; pod accepts {wanted}", resolvable=False)
+    if any(product_matches(a, node.product) for a in accepted):
+        return FIT
+    return Unfit(f"node has {node.product} GPUs; pod accepts {wanted}", resolvable=False)
+
+
+def filter_maintenance(ctx: PodContext, node: NodeState) -> Verdict:
+    """A node that drains at ``tessera.dev/drain-after`` takes only pods whose time
+    limit (``activeDeadlineSeconds``) ends by then, counted from now."""
+    drain = node.drain_after
+    if drain is None:
+        return FIT
+    verdict = ctx.drains.get(drain)
+    if verdict is None:
+        verdict = ctx.drains[drain] = _maintenance(ctx, drain)
+    return verdict
+
+
+def _maintenance(ctx: PodContext, drain: datetime) -> Verdict:
+    ends = ctx.ends
+    if ends is not None and ends <= drain:
+        return FIT
+    when = _rfc3339(drain)
+    limit = ctx.demand.time_limit_s
+    if ends is None or limit is None:
+        return Unfit(
+            f"node drains for maintenance at {when}; pod has no time limit "
+            "(activeDeadlineSeconds) to end before it",
+            resolvable=False,
+        )
+    return Unfit(
+        f"node drains for maintenance at {when}; pod's time limit of "
+        f"{_duration(limit)} would end at {_rfc3339(ends)}",
+        resolvable=False,
+    )
+
+
+def filter_gpus(ctx: PodContext, node: NodeState) -> Verdict:
+    """Enough free healthy GPUs, in one NVLink island when the pod fits in one; for a
+    share, one healthy GPU with enough milli free."""
+    demand = ctx.demand
+    if not demand.uses_gpu:
+        return FIT
+    if not node.gpus:
+        return Unfit(f"node has no GPUs ({GPU_RESOURCE} allocatable is 0)", resolvable=False)
+    if demand.gpus > 0:
+        return _whole_verdict(node, demand.gpus, ctx.config.islands_required)
+    return _share_verdict(node, demand.gpu_milli)
+
+
+def _whole_verdict(node: NodeState, k: int, islands_required: bool) -> Verdict:
+    free, healthy = islands(node)
+    total_healthy = sum(healthy.values())
+    if total_healthy < k:
+        return Unfit(
+            f"node has {_gpus(total_healthy, 'healthy ')}{_unhealthy_note(node)}, pod needs {k}",
+            resolvable=False,
+        )
+    total_free = sum(map(len, free.values()))
+    if total_free == 0:
+        return Unfit(f"all {_gpus(total_healthy, 'healthy ')} are in use, pod needs {k}", True)
+    if one_island(k, healthy, islands_required):
+        best = min(healthy, key=lambda island: (-len(free.get(island, ())), island))
+        best_free = len(free.get(best, ()))
+        if best_free >= k:
+            return FIT
+        reason = f"{_gpus(best_free, 'healthy ')} free in island {best}, pod needs {k}"
+        if total_free >= k:
+            reason += f" ({total_free} free on the node, but {k} must share one NVLink island)"
+        return Unfit(reason, resolvable=True)
+    if total_free >= k:
+        return FIT
+    return Unfit(f"{_gpus(total_free, 'healthy ')} free, pod needs {k}", resolvable=True)
+
+
+def _share_verdict(node: NodeState, milli: int) -> Verdict:
+    healthy = [gpu for gpu in node.gpus if gpu.healthy]
+    if not healthy:
+        return Unfit(f"all {_gpus(len(node.gpus))} of the node are unhealthy", resolvable=False)
+    best = max(healthy, key=lambda gpu: (gpu.free_milli, -gpu.index))
+    if best.free_milli >= milli:
+        return FIT
+    if best.free_milli == 0:
+        return Unfit(
+            f"all {_gpus(len(healthy), 'healthy ')} are in use, pod needs {milli} milli of one GPU",
+            resolvable=True,
+        )
+    return Unfit(
+        f"at most {best.free_milli} milli-GPU free on one healthy GPU (GPU {best.index}), "
+        f"pod needs {milli} milli of one GPU",
+        resolvable=True,
+    )
+
+
+# ---------------------------------------------------------------- gangs
+
+
+def filter_gang_domain(ctx: PodContext, node: NodeState) -> Verdict:
+    """``required:<level>``: once a member is placed or assumed, only its domain. Every
+    reason it gives is unresolvable: evicting pods moves no gang member."""
+    gang = ctx.gang
+    if gang is None:
+        return FIT
+    if gang.unknown_level is not None:
+        known = ", ".join(level.name for level in ctx.config.levels)
+        return Unfit(
+            f"gang {gang.spec.id} requires topology level {gang.unknown_level!r}, which is not "
+            f"one of the extender's levels ({known})",
+            resolvable=False,
+        )
+    level = gang.required
+    if level is None:
+        return FIT
+    value = node.domains.get(level.node_label)
+    if value is None:
+        return Unfit(
+            f"node has no {level.node_label} label; gang {gang.spec.id} must stay in one "
+            f"{level.name}",
+            resolvable=False,
+        )
+    allowed = gang.allowed_domains
+    if allowed is None or value in allowed:
+        return FIT
+    return _outside(gang, level, allowed)
+
+
+def _outside(gang: GangView, level: TopologyLevel, allowed: frozenset[str]) -> Unfit:
+    """The verdict on every node outside the gang's domain at ``level``: one text for
+    all, so that kube-scheduler's event counts them as one reason (``4990 node(s) ...``)
+    rather than listing each other domain by name."""
+    verdict = gang.reasons.get("outside")
+    if verdict is None:
+        where = " or ".join(sorted(allowed))
+        placed = gang.member_domains.get(level.node_label, {}).get(min(allowed), 0)
+        verdict = gang.reasons["outside"] = Unfit(
+            f"gang {gang.spec.id} has {_members(placed)} in {level.name} {where}; "
+            f"the node is in another {level.name}",
+            resolvable=False,
+        )
+    return verdict
+
+
+def filter_gang_room(ctx: PodContext, node: NodeState) -> Verdict:
+    """``required:<level>``: the first member goes only to a domain with room for the
+    gang's ``min`` members (counted as whole pods that fit, node by node)."""
+    gang = ctx.gang
+    if gang is None or gang.required is None or gang.rooms is None:
+        return FIT
+    level = gang.required
+    value = node.domains.get(level.node_label)
+    if value is None:
+        return FIT  # filter_gang_domain reports the missing label
+    free, total = domain_room(ctx, gang, value, node)
+    return room_verdict(gang, level, free, total)
+
+
+def room_verdict(gang: GangView, level: TopologyLevel, free: int, total: int) -> Verdict:
+    """A first member's verdict on a node whose domain at ``level`` holds ``free``
+    members now and ``total`` with every GPU free."""
+    need = gang.spec.min_count
+    if free >= need:
+        return FIT
+    # the domain unnamed, as in filter_gang_domain: one text per room size
+    key = (free, total >= need)
+    verdict = gang.reasons.get(key)
+    if verdict is None:
+        verdict = gang.reasons[key] = Unfit(
+            f"the node's {level.name} has room for {_members(free)} of gang {gang.spec.id} "
+            f"now, it needs {need} together",
+            resolvable=key[1],
+        )
+    return verdict
+
+
+def domain_room(ctx: PodContext, gang: GangView, value: str, node: NodeState) -> tuple[int, int]:
+    """(free, total) room for members in domain ``value``, with ``node`` counted as it is
+    given (it may differ from the snapshot's: victims evicted, or the request's copy)."""
+    rooms = gang.rooms
+    if rooms is None:
+        return 0, 0
+    free, total = rooms.free.get(value, 0), rooms.total.get(value, 0)
+    before = rooms.node_fits(node.name)
+    if before is None:
+        return free, total
+    now, _ = member_fits(ctx, node)
+    return free - before + now, total
+
+
+def member_fits(ctx: PodContext, node: NodeState) -> tuple[int, int]:
+    """``pod_fits`` of the pod on ``node``, now and empty, kept in the decision cache."""
+    found = ctx.fits.get(node)
+    if found is MISSING:
+        memo = ctx.memo
+        state = gpu_state(memo, node)
+        found = memo.by_state(ctx.fit_shape, state)
+        if found is MISSING:
+            demand, islands_required = ctx.demand, ctx.config.islands_required
+            found = (
+                pod_fits(node, demand, islands_required),
+                pod_fits(node, demand, islands_required, empty=True),
+            )
+            memo.keep_by_state(ctx.fit_shape, state, found)
+        ctx.fits.put(node, found)
+    return found  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------- the pipeline
+
+
+NODE_FILTERS: Final[tuple[Filter, ...]] = (filter_schedulable, filter_product, filter_gpus)
+"""Filters that read only the node and the pod's shape (``memo.ShapeKey``), never the
+time or a gang: judged as one group, kept by node and by node state."""
+
+ROOM_FILTERS: Final[tuple[Filter, ...]] = (filter_schedulable, filter_product)
+"""The filters a node must pass to count towards a gang's room at all: the room counts
+what its GPUs hold, so the GPU filter is the count itself."""
+
+GANG_FILTERS: Final[tuple[Filter, ...]] = (filter_gang_domain, filter_gang_room)
+"""Filters that pass every node unless the pod's gang refuses nodes
+(``GangView.refuses_nodes``)."""
+
+FILTERS: Final[tuple[Filter, ...]] = (
+    filter_gang_domain,
+    filter_schedulable,
+    filter_product,
+    filter_maintenance,
+    filter_gpus,
+    filter_gang_room,
+)
+"""In the order their reasons win (the first unresolvable, else the first). A gang's
+domain comes first: outside it nothing else about a node matters to the member, every
+reason it gives is unresolvable, and so most nodes are answered by it alone once a
+member is placed."""
+
+_IN_GROUP: Final = {check: at for at, check in enumerate(NODE_FILTERS)}
+_STEPS: Final = tuple((check, _IN_GROUP.get(check)) for check in FILTERS)
+"""``FILTERS``, each with its place in ``NODE_FILTERS`` (None: run on its own)."""
+_LONE_STEPS: Final = tuple(step for step in _STEPS if step[0] not in GANG_FILTERS)
+
+
+def run_filters(ctx: PodContext, node: NodeState) -> Verdict:
+    """The pipeline: ``FILTERS`` in order, the first unresolvable reason, else the first
+    resolvable one, else ``FIT``. The ``NODE_FILTERS`` come from ``node_verdicts``, read
+    once the first of them is reached; the ``GANG_FILTERS`` are left out for a pod whose
+    gang refuses no node, since they pass every node then."""
+    gang = ctx.gang
+    steps = _STEPS if gang is not None and gang.refuses_nodes else _LONE_STEPS
+    own: tuple[Verdict, ...] | None = None
+    first: Unfit | None = None
+    for check, at in steps:
+        if at is None:
+            verdict = check(ctx, node)
+        else:
+            if own is None:
+                own = node_verdicts(ctx, node)
+            verdict = own[at]
+        if isinstance(verdict, Unfit):
+            if not verdict.resolvable:
+                return verdict
+            if first is None:
+                first = verdict
+    return first or FIT
+
+
+def node_verdicts(ctx: PodContext, node: NodeState) -> tuple[Verdict, ...]:
+    """The verdicts of ``NODE_FILTERS`` on ``node``, in their order: kept by node object
+    and by node state (``memo.gpu_state``) in the decision cache."""
+    found = ctx.verdicts.get(node)
+    if found is MISSING:
+        memo = ctx.memo
+        state = gpu_state(memo, node)
+        found = memo.by_state(ctx.shape, state)
+        if found is MISSING:
+            found = tuple(check(ctx, node) for check in NODE_FILTERS)
+            memo.keep_by_state(ctx.shape, state, found)
+        ctx.verdicts.put(node, found)
+    return found  # type: ignore[return-value]
+
+
+def passes(ctx: PodContext, node: NodeState, checks: tuple[Filter, ...]) -> bool:
+    """Whether ``node`` passes every one of ``checks``, all of them ``NODE_FILTERS``."""
+    own = node_verdicts(ctx, node)
+    return all(own[_IN_GROUP[check]] is FIT for check in checks)
+
+
+# ---------------------------------------------------------------- words
+
+
+def _gpus(count: int, kind: str = "") -> str:
+    return f"{count} {kind}GPU{'' if count == 1 else 's'}"
+
+
+def _members(count: int) -> str:
+    return f"{count} member{'' if count == 1 else 's'}"
+
+
+def _unhealthy_note(node: NodeState) -> str:
+    bad = [str(gpu.index) for gpu in node.gpus if not gpu.healthy]
+    if not bad:
+        return ""
+    return f" (GPU {','.join(bad)} unhealthy)"
+
+
+# Kept: a maintenance reason is written on every request that names a draining node
+# (once per drain time: it reads the time, so no memo outlives the request), and
+# strftime was most of a plain pod's filter there.
+@functools.lru_cache(maxsize=1024)
+def _rfc3339(when: datetime) -> str:
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@functools.lru_cache(maxsize=256)
+def _duration(seconds: int) -> str:
+    """``4h``, ``1h30m``, ``90s``: as a person would write the time limit."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n]
+    return "".join(parts) or "0s"
