@@ -4,7 +4,7 @@ extender counts them.
 Layer: PURE. From a ``Snapshot`` (the extender's own cache, fed the same nodes and pods),
 the Kueue ResourceFlavors and the topology levels, to frozen records: no I/O, no clock
 (``now`` is a value), no settings. Must not count GPUs any other way than the cache and
-``extender.plugins`` do: a GPU is *free* when it is healthy and no pod holds any of it
+``extender.gpus`` do: a GPU is *free* when it is healthy and no pod holds any of it
 (``GpuDevice.whole_free``), *allocated* when some pod holds some of it, *unhealthy* when
 ``tessera.dev/unhealthy-gpus`` names it. An unhealthy GPU a pod still holds is both
 allocated and unhealthy, so the three may add up to more than the total.
@@ -27,7 +27,7 @@ from cluster.convert import format_rfc3339
 from cluster.labels import HOSTNAME
 from cluster.model import MILLI_PER_GPU, NodeName, NodeState, PodDemand, level_short_name
 from cluster.snapshot import Snapshot
-from extender.plugins import pod_fits
+from extender.gpus import pod_fits
 from webhook.queues import Flavor, Policy
 
 Level = tuple[str, str]
