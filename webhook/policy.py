@@ -131,6 +131,8 @@ _NAME_ALPHABET: Final = "bcdfghjklmnpqrstvwxz2456789"
 
 Notes = tuple[str, ...]
 """Warnings a rule returns for the user (kubectl prints them)."""
+GangSlots = tuple[Path, ...]
+"""Label maps, by path in the object, where the gang id goes (``rule_gang``)."""
 
 
 # ---------------------------------------------------------------- config and decisions
@@ -163,6 +165,9 @@ class Allowed:
     unconfirmed: OwnerKey | None = None
     """The controller the object claims, which the view lacked: found by one GET, it
     would let the object through as is (see ``admit``)."""
+    gang_slots: GangSlots = ()
+    """The label maps of ``object`` where the gang id made from the name goes
+    (``rule_gang``); empty once ``name_gang`` wrote it, or when none is needed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -682,14 +687,15 @@ def rule_gang(
     flavors: Sequence[Flavor],
     policy: Policy,
     out: Draft,
-    *,
-    request_uid: str,
-    placeholder: GangId | None = None,
-) -> Notes | Denied:
+) -> GangSlots | Denied:
     """Gang metadata on every template of a multi-pod workload; gang-min must be possible.
 
-    ``placeholder`` stands in for an id made from the name (``webhook.answers`` fills
-    in each request's own)."""
+    An id the workload carries (on itself or a template) is copied onto the templates
+    that lack it. Without one, the id is made from the name and the request
+    (``gang_id``), which no other rule reads: the rule only makes room for the label in
+    each template's labels (so that the map sits where it always has) and returns where
+    it goes, for ``name_gang`` to write as the last step. What the rules answer is then
+    the same for objects that differ only in name (``webhook.answers``)."""
     size = workload.pod_count
     raw_min = _user_gang_min(workload)
     min_count = size
@@ -727,10 +733,7 @@ def rule_gang(
     gid = workload.labels.get(labels.GANG) or next(
         (t.labels[labels.GANG] for t in workload.templates if labels.GANG in t.labels), None
     )
-    if gid is None:
-        gid = placeholder or gang_id(
-            workload.namespace, workload.name, workload.generate_name, request_uid
-        )
+    slots: list[Path] = []
     for template in workload.templates:
         given = template.annotations.get(labels.GANG_SIZE)
         if given is not None and given.strip() != str(size):
@@ -753,10 +756,34 @@ def rule_gang(
                 queue=queue.local.name,
             )
         meta = template.metadata_path
-        out.set_default((*meta, "labels"), labels.GANG, gid)
+        if gid is not None:
+            out.set_default((*meta, "labels"), labels.GANG, gid)
+        else:
+            out.node((*meta, "labels"))
+            slots.append((*meta, "labels"))
         out.set_default((*meta, "annotations"), labels.GANG_SIZE, str(size))
         out.set_default((*meta, "annotations"), labels.GANG_MIN, str(min_count))
-    return ()
+    return tuple(slots)
+
+
+def name_gang(decision: Allowed, gid: str) -> Allowed:
+    """``decision`` with ``gid`` written into each label map the gang rule left room in:
+    the last step of a decision, the one part that depends on the object's name."""
+    if not decision.gang_slots:
+        return decision
+    out = Draft(decision.object)
+    for slot in decision.gang_slots:
+        out.node(slot)[labels.GANG] = gid
+    return replace(decision, object=out.root, gang_slots=())
+
+
+def request_gang_id(request: ReviewRequest) -> GangId:
+    """The gang id of the object a request creates (``gang_id``); the request's
+    namespace first, as kube-apiserver leaves ``metadata.namespace`` out at creation."""
+    metadata: Any = (request.object or {}).get("metadata") or {}
+    namespace = request.namespace or str(metadata.get("namespace") or "")
+    name, generate_name = metadata.get("name") or "", metadata.get("generateName") or ""
+    return gang_id(namespace, str(name), str(generate_name), request.uid)
 
 
 # ---------------------------------------------------------------- rule 7: topology
@@ -1043,15 +1070,21 @@ def check_update(new: Workload, old: Workload) -> Denied | None:
 
 
 def admit(
-    request: ReviewRequest,
-    policy: Policy,
-    config: AdmitConfig,
-    *,
-    owners: OwnerView = NO_OWNERS,
-    placeholder: GangId | None = None,
+    request: ReviewRequest, policy: Policy, config: AdmitConfig, *, owners: OwnerView = NO_OWNERS
 ) -> Decision:
-    """The webhook's whole decision for one AdmissionReview request; with
-    ``placeholder``, a gang id made from the name is written as that instead.
+    """The webhook's whole decision for one AdmissionReview request: ``decide``, then
+    the gang id made from the name written (``name_gang``)."""
+    decision = decide(request, policy, config, owners=owners)
+    if isinstance(decision, Allowed) and decision.gang_slots:
+        return name_gang(decision, request_gang_id(request))
+    return decision
+
+
+def decide(
+    request: ReviewRequest, policy: Policy, config: AdmitConfig, *, owners: OwnerView = NO_OWNERS
+) -> Decision:
+    """The rules' decision for one AdmissionReview request, all but the gang id made
+    from the name: an ``Allowed`` says where that goes (``gang_slots``).
 
     An object made by the Job or JobSet controller (its controller ownerReference, the
     sender and ``owners`` say so: ``webhook.owners.judge_owner``) is let through as it
@@ -1075,7 +1108,7 @@ def admit(
     )
     if verdict.owned:
         return Allowed(obj, reason="owned")
-    decision = _judge(request, workload, policy, config, placeholder=placeholder)
+    decision = _judge(request, workload, policy, config)
     if verdict.refused:
         return _claim_refused(decision, verdict, workload)
     return decision
@@ -1086,8 +1119,6 @@ def _judge(
     workload: Workload,
     policy: Policy,
     config: AdmitConfig,
-    *,
-    placeholder: GangId | None,
 ) -> Decision:
     """The rules, for a workload of its own."""
     if not workload.uses_gpu:
@@ -1097,7 +1128,7 @@ def _judge(
         return replace(foreign, queue=queue_label(policy, workload.namespace, workload.queue_name))
     if request.operation == "UPDATE":
         return _validate_update(request, workload, workload.kind, policy)
-    return _mutate(workload, request.uid, policy, config, placeholder)
+    return _mutate(workload, policy, config)
 
 
 def _claim_refused(decision: Decision, verdict: OwnerVerdict, workload: Workload) -> Decision:
@@ -1141,13 +1172,7 @@ def _validate_update(
     return Allowed(workload.obj, reason="validated", queue=queue)
 
 
-def _mutate(
-    workload: Workload,
-    uid: str,
-    policy: Policy,
-    config: AdmitConfig,
-    placeholder: GangId | None = None,
-) -> Decision:
+def _mutate(workload: Workload, policy: Policy, config: AdmitConfig) -> Decision:
     out = Draft(workload.obj)
     try:
         queue = rule_queue(workload, policy, config, out)
@@ -1174,9 +1199,7 @@ def _mutate(
         quota = rule_quota(workload, queue, flavors, policy)
         if isinstance(quota, Denied):
             return quota
-        gang = rule_gang(
-            workload, queue, flavors, policy, out, request_uid=uid, placeholder=placeholder
-        )
+        gang = rule_gang(workload, queue, flavors, policy, out)
         if isinstance(gang, Denied):
             return gang
         topology = rule_topology(workload, queue, flavors, policy, out)
@@ -1185,7 +1208,9 @@ def _mutate(
         time_limit = rule_time_limit(workload, queue, out)
         if isinstance(time_limit, Denied):
             return time_limit
-        notes += (*quota, *gang, *topology, *time_limit, *rule_scheduler(workload, config, out))
+        notes += (*quota, *topology, *time_limit, *rule_scheduler(workload, config, out))
     except (WorkloadError, PatchError) as exc:
         return Denied(INVALID, "invalid", f"{workload.kind.value} is not valid: {exc}")
-    return Allowed(out.root, warnings=tuple(dict.fromkeys(notes)), queue=queue.local.name)
+    return Allowed(
+        out.root, warnings=tuple(dict.fromkeys(notes)), queue=queue.local.name, gang_slots=gang
+    )

@@ -28,10 +28,10 @@ from typing import Any, Final
 
 from cluster import jsonio
 from cluster.echo import echo
-from webhook.answers import GANG_ID_PLACEHOLDER, Answer, answer_key, keep
+from webhook.answers import Answer, answer_key, gang_holes, keep
 from webhook.owners import NO_OWNERS, OwnerKey, OwnerView, claims_job_owner
 from webhook.patch import JsonPatch, diff
-from webhook.policy import AdmitConfig, Allowed, admit, gang_id
+from webhook.policy import AdmitConfig, Allowed, decide, name_gang, request_gang_id
 from webhook.queues import Policy
 from webhook.review import BadReview, decode_review, encode_response, encode_status
 from webhook.workload import ReviewRequest
@@ -117,22 +117,24 @@ def _decide(
         kept = policy.answers.get(key)
         if kept is not None:
             return _answer(request, kept, "kept")
-    placeholder = GANG_ID_PLACEHOLDER if key is not None else None
-    decision = admit(request, policy, config, owners=owners, placeholder=placeholder)
+    decision = decide(request, policy, config, owners=owners)
     kind = _kind_label(request)
     if isinstance(decision, Allowed):
-        patch = diff(request.object, decision.object) if request.object is not None else []
-        if key is not None:
-            answer = keep(
+        # the last step: the gang id made from the name, outside what is kept
+        named = name_gang(decision, request_gang_id(request)) if decision.gang_slots else decision
+        patch = diff(request.object, named.object) if request.object is not None else []
+        holes = gang_holes(patch, decision.gang_slots)
+        if key is not None and holes is not None:
+            keep(
                 policy.answers,
                 key,
                 patch,
+                holes,
                 warnings=decision.warnings,
                 decision="mutated" if patch else "allowed",
                 reason=decision.reason,
                 queue=decision.queue,
             )
-            return _answer(request, answer, "computed")
         return ReviewOutcome(
             200,
             encode_response(request.uid, allowed=True, patch=patch, warnings=decision.warnings),
@@ -141,6 +143,7 @@ def _decide(
             reason=decision.reason,
             queue=decision.queue,
             patch=patch,
+            answer="" if key is None else "computed",
             unconfirmed=decision.unconfirmed,
         )
     return ReviewOutcome(
@@ -195,12 +198,7 @@ def _names_are_strings(obj: Mapping[str, Any]) -> bool:
 
 def _answer(request: ReviewRequest, answer: Answer, source: str) -> ReviewOutcome:
     """A kept answer, given to ``request`` with its own gang id."""
-    patch = answer.patch
-    if answer.holes:
-        metadata: Any = (request.object or {}).get("metadata") or {}
-        namespace = request.namespace or str(metadata.get("namespace") or "")
-        name, generate_name = metadata.get("name") or "", metadata.get("generateName") or ""
-        patch = answer.fill(gang_id(namespace, name, generate_name, request.uid))
+    patch = answer.fill(request_gang_id(request)) if answer.holes else answer.patch
     return ReviewOutcome(
         200,
         encode_response(request.uid, allowed=True, patch=patch, warnings=answer.warnings),

@@ -148,15 +148,14 @@ def test_a_new_policy_starts_without_answers_and_the_memo_stays_bounded() -> Non
     assert not _fresh().answers
 
 
-def test_text_that_looks_like_the_placeholder_is_left_alone() -> None:
+def test_text_that_looks_like_a_gang_id_is_left_alone() -> None:
     policy = _fresh()
-    obj = job(name="train", annotations={"note": "<gang id>"}, extra_labels={"x": "gang-id"})
+    obj = job(name="train", annotations={"note": "team.train"}, extra_labels={"x": "team.train"})
     first = review(_body(obj, "uid-1"), policy, CONFIG)
-    kept = review(_body(_renamed(obj, "train", None), "uid-2"), policy, CONFIG)
-    assert (
-        "<gang id>" not in base64.b64decode(jsonio.loads(first.body)["response"]["patch"]).decode()
-    )
-    assert kept.body.replace(b"uid-2", b"uid-1") == first.body
+    kept = review(_body(_renamed(obj, "other", None), "uid-2"), policy, CONFIG)
+    assert kept.answer == "kept"
+    assert kept.body == _by_the_rules(_body(_renamed(obj, "other", None), "uid-2"), _fresh())
+    assert first.body.replace(b"uid-1", b"uid-2") != kept.body  # its own gang id only
 
 
 def test_the_memo_keeps_a_digest_of_each_object_not_the_object() -> None:

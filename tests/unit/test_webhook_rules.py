@@ -25,6 +25,7 @@ from webhook.policy import (
     check_update,
     gang_id,
     merge_required_affinity,
+    name_gang,
     rule_flavors,
     rule_gang,
     rule_priority,
@@ -812,9 +813,16 @@ def test_borrowing_limit_is_named_when_it_is_the_cap() -> None:
 # ---------------------------------------------------------------- rule 6: gang
 
 
-def _gang(obj: dict[str, Any], uid: str = "uid-1") -> tuple[Any, dict[str, Any]]:
+def _gang(obj: dict[str, Any], uid: str = "uid-1") -> tuple[Any, Any]:
+    """The gang rule's denial, or ``()`` and the object with the gang id of a request
+    ``uid`` written where the rule left room for it (``name_gang``, the last step)."""
     out = Draft(obj)
-    return rule_gang(wl(obj), queue(), ALL_GPU, POLICY, out, request_uid=uid), out.root
+    workload = wl(obj)
+    slots = rule_gang(workload, queue(), ALL_GPU, POLICY, out)
+    if isinstance(slots, Denied):
+        return slots, out.root
+    gid = gang_id(workload.namespace, workload.name, workload.generate_name, uid)
+    return (), name_gang(Allowed(out.root, gang_slots=slots), gid).object
 
 
 @pytest.mark.parametrize(
