@@ -130,14 +130,16 @@ def keep(
     patch: JsonPatch,
     holes: tuple[Hole, ...],
     *,
+    patch_bytes: int,
     warnings: Sequence[str],
     decision: str,
     reason: str,
     queue: str,
 ) -> None:
     """Remember an allowed answer, whose gang id (if it has one) is at ``holes``, unless
-    its patch is larger than ``ANSWER_PATCH_BYTES_KEPT``."""
-    if sum(len(jsonio.dumps(op.get("value"))) for op in patch) > ANSWER_PATCH_BYTES_KEPT:
+    its patch, ``patch_bytes`` long written as JSON, is larger than
+    ``ANSWER_PATCH_BYTES_KEPT``."""
+    if patch_bytes > ANSWER_PATCH_BYTES_KEPT:
         return
     if len(memo) >= ANSWERS_KEPT:
         memo.clear()

@@ -89,7 +89,7 @@ from webhook.owners import (
     OwnerView,
     judge_owner,
 )
-from webhook.patch import Draft, PatchError, clone, pointer
+from webhook.patch import Draft, PatchError, pointer
 from webhook.queues import (
     ClusterQueue,
     Flavor,
@@ -436,7 +436,7 @@ def merge_required_affinity(
     where = (*spec_path, *_REQUIRED, "nodeSelectorTerms")
     existing = _check_terms(out.get(where) or [], where)
     if not existing:
-        out.node((*spec_path, *_REQUIRED))["nodeSelectorTerms"] = clone(list(flavor_terms))
+        out.node((*spec_path, *_REQUIRED))["nodeSelectorTerms"] = list(flavor_terms)
         return
     if all(
         not isinstance(term, Mapping)
@@ -458,7 +458,7 @@ def merge_required_affinity(
         own = list(term.get("matchExpressions") or [])
         for flavor_term in flavor_terms:
             extra = [e for e in flavor_term["matchExpressions"] if e not in own]
-            merged.append({**term, "matchExpressions": [*own, *clone(extra)]})
+            merged.append({**term, "matchExpressions": [*own, *extra]})
     out.node((*spec_path, *_REQUIRED))["nodeSelectorTerms"] = merged
 
 
@@ -475,12 +475,12 @@ def add_tolerations(out: Draft, spec_path: Path, chosen: Steering) -> list[str]:
         except ValueError:
             continue  # kube-apiserver validates tolerations; an odd one tolerates nothing
     added: list[str] = []
-    new: list[dict[str, Any]] = []
-    for flavor, taint, toleration in chosen.taints:
+    new: list[Mapping[str, Any]] = []
+    for flavor, taint, toleration, written in chosen.taints:
         if any(t.tolerates(taint) for t in existing):
             continue
         existing.append(toleration)
-        new.append(toleration.to_json())
+        new.append(written)
         if flavor not in added:
             added.append(flavor)
     if new:

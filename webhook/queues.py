@@ -234,9 +234,11 @@ class Steering:
     flavors: tuple[Flavor, ...]
     terms: tuple[Mapping[str, Any], ...] | None
     """One node-selector term per distinct flavor, in order; ``None`` when a flavor fits any
-    node. Shared by every review: read them, and copy before writing them into an object."""
-    taints: tuple[tuple[str, Taint, Toleration], ...]
-    """(flavor name, taint, the narrowest toleration of it) for each flavor's taints."""
+    node. Shared by every review and never changed: a rule writes them into its draft
+    whole, as values (``webhook.patch.Draft`` copies a container before writing into it)."""
+    taints: tuple[tuple[str, Taint, Toleration, Mapping[str, Any]], ...]
+    """(flavor name, taint, the narrowest toleration of it, that toleration as pod-spec
+    JSON) for each flavor's taints; the JSON shared as ``terms`` are."""
 
 
 def steering(flavors: Iterable[Flavor]) -> Steering:
@@ -255,9 +257,10 @@ def steering(flavors: Iterable[Flavor]) -> Steering:
         flavors=chosen,
         terms=None if anywhere else tuple(terms),
         taints=tuple(
-            (flavor.name, taint, toleration_for(taint))
+            (flavor.name, taint, toleration, toleration.to_json())
             for flavor in chosen
             for taint in flavor.node_taints
+            for toleration in (toleration_for(taint),)
         ),
     )
 

@@ -360,10 +360,12 @@ def encode_response(
     code: int | None = None,
     message: str | None = None,
     reason: str | None = None,
+    patch_json: bytes | None = None,
 ) -> bytes:
     """The AdmissionReview v1 answer to request ``uid``.
 
-    A patch is sent only when it has operations (and only with ``allowed``); a denial
+    A patch is sent only when it has operations (and only with ``allowed``);
+    ``patch_json``, when given, is ``patch`` written already (``jsonio.dumps``). A denial
     carries ``status`` with ``code`` (403 or 422), ``message`` and ``reason``. Built as the
     dict that ``AdmissionReviewModel(...).model_dump(exclude_none=True)`` would give (same
     keys, same order), without building the models for every answer.
@@ -371,7 +373,8 @@ def encode_response(
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if allowed and patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = binascii.b2a_base64(jsonio.dumps(patch), newline=False).decode()
+        written = jsonio.dumps(patch) if patch_json is None else patch_json
+        response["patch"] = binascii.b2a_base64(written, newline=False).decode()
     if not allowed or code is not None:
         status: dict[str, Any] = {"status": "Success" if allowed else "Failure"}
         if message is not None:

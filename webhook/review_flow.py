@@ -123,6 +123,7 @@ def _decide(
         # the last step: the gang id made from the name, outside what is kept
         named = name_gang(decision, request_gang_id(request)) if decision.gang_slots else decision
         patch = diff(request.object, named.object) if request.object is not None else []
+        written = jsonio.dumps(patch)
         holes = gang_holes(patch, decision.gang_slots)
         if key is not None and holes is not None:
             keep(
@@ -130,6 +131,7 @@ def _decide(
                 key,
                 patch,
                 holes,
+                patch_bytes=len(written),
                 warnings=decision.warnings,
                 decision="mutated" if patch else "allowed",
                 reason=decision.reason,
@@ -137,7 +139,13 @@ def _decide(
             )
         return ReviewOutcome(
             200,
-            encode_response(request.uid, allowed=True, patch=patch, warnings=decision.warnings),
+            encode_response(
+                request.uid,
+                allowed=True,
+                patch=patch,
+                warnings=decision.warnings,
+                patch_json=written,
+            ),
             kind=kind,
             decision="mutated" if patch else "allowed",
             reason=decision.reason,

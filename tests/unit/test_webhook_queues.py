@@ -174,7 +174,7 @@ def test_a_queue_offers_the_gpu_flavors_it_could_get_every_asked_resource_from(
     offer = policy.offer(queue, resources)
     assert tuple(f.name for f in offer.flavors) == offered
     assert offer.terms is None  # "any" has no node labels: its pods may run anywhere
-    assert [(name, taint.key) for name, taint, _ in offer.taints] == [("spot", "spot")]
+    assert [(name, taint.key) for name, taint, *_ in offer.taints] == [("spot", "spot")]
     # Worked out once per policy, and the same as working it out on demand.
     assert replace(policy, offers={}).offer(queue, resources) == offer
 
