@@ -774,7 +774,9 @@ def name_gang(decision: Allowed, gid: str) -> Allowed:
     out = Draft(decision.object)
     for slot in decision.gang_slots:
         out.node(slot)[labels.GANG] = gid
-    return replace(decision, object=out.root, gang_slots=())
+    return Allowed(
+        out.root, decision.warnings, decision.reason, decision.queue, decision.unconfirmed
+    )
 
 
 def request_gang_id(request: ReviewRequest) -> GangId:
@@ -1000,11 +1002,12 @@ def check_gang_namespace(workload: Workload) -> Denied | None:
     steer another team's job. Checked before any queue rule, since a workload that names
     no queue is let through otherwise."""
     own = f"{workload.namespace}."
-    found = [(workload.labels.get(labels.GANG), "")] + [
-        (t.labels.get(labels.GANG), f" of pod template {t.pointer}") for t in workload.templates
+    found = [(workload.labels.get(labels.GANG), None)] + [
+        (t.labels.get(labels.GANG), t) for t in workload.templates
     ]
-    for gid, at in found:
+    for gid, template in found:
         if gid is not None and not gid.startswith(own):
+            at = "" if template is None else f" of pod template {template.pointer}"
             return Denied(
                 INVALID,
                 "gang",
