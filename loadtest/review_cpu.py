@@ -38,7 +38,8 @@ from loadtest.bench_kueue import DISTINCT, unsuspended
 from loadtest.bench_webhook import DEFAULT_CAPTURES, load_captured_review, policy_objects
 from loadtest.review_steps import ReviewTemplate, uid_prefix
 from webhook.policy import AdmitConfig
-from webhook.queues import Policy, policy_from_objects
+from webhook.policy_build import policy_from_objects
+from webhook.queues import Policy
 from webhook.review_flow import review
 
 VARIANTS: Final = ("same", "renamed", "distinct", "unsuspended")

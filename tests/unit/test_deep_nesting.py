@@ -23,7 +23,7 @@ from extender import verbs
 from tests.golden.test_extender_golden import CONFIG as EXTENDER_CONFIG
 from tests.golden.test_extender_golden import load_cache
 from webhook.policy import AdmitConfig
-from webhook.queues import policy_from_objects
+from webhook.policy_build import policy_from_objects
 from webhook.review_flow import review
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"

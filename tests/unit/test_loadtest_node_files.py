@@ -23,7 +23,7 @@ from loadtest.__main__ import _nodes, _spec, main
 from loadtest.fleet import BLOCK_LABEL, RACK_LABEL
 from loadtest.traces import DEFAULT_DATA_DIR, SPOT, TraceNode
 from webhook.policy import AdmitConfig, Allowed, admit
-from webhook.queues import policy_from_objects
+from webhook.policy_build import policy_from_objects
 from webhook.review import decode_review
 
 LEVELS = (BLOCK_LABEL, RACK_LABEL, labels.HOSTNAME)

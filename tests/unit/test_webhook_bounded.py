@@ -22,7 +22,7 @@ from cluster import jsonio, labels
 from cluster.files import load_objects
 from webhook.metrics import WebhookMetrics
 from webhook.policy import UNKNOWN_QUEUE, AdmitConfig
-from webhook.queues import policy_from_objects
+from webhook.policy_build import policy_from_objects
 from webhook.review_flow import ReviewOutcome, review
 
 POLICY = policy_from_objects(

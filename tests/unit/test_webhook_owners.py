@@ -33,7 +33,7 @@ from webhook.owners import (
     judge_owner,
 )
 from webhook.policy import AdmitConfig, Allowed, Decision, Denied, admit
-from webhook.queues import policy_from_objects
+from webhook.policy_build import policy_from_objects
 from webhook.review import decode_review
 from webhook.review_flow import review
 from webhook.workload import ReviewRequest

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from cluster import labels
 from cluster.model import Taint
 from tests.builders import KUEUE, Quota, cq_obj, flavor_obj, lq_obj, topology_obj, wpc_obj
+from webhook.policy_build import policy_from_objects, policy_view
 from webhook.queues import (
     Limit,
     PolicyError,
@@ -21,8 +22,6 @@ from webhook.queues import (
     Toleration,
     format_seconds,
     parse_seconds,
-    policy_from_objects,
-    policy_view,
 )
 
 GPU = labels.GPU_RESOURCE

@@ -36,7 +36,8 @@ from webhook.policy import (
     rule_time_limit,
     rule_topology,
 )
-from webhook.queues import Flavor, Policy, parse_toleration, policy_from_objects
+from webhook.policy_build import policy_from_objects
+from webhook.queues import Flavor, Policy, parse_toleration
 from webhook.workload import (
     GroupVersionKind,
     GroupVersionResource,
