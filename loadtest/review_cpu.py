@@ -13,10 +13,11 @@ median, over ``--runs``, of the process CPU time per review, in microseconds, wi
 garbage collector managed as the server manages it (``cluster.heap``).
 ``--profile N`` prints instead cProfile's top ``N`` functions of one run by own time.
 
-``--against DIR`` runs the same measurement, alternately, in another checkout of the
-repository (``git archive main | tar -x -C /tmp/base``): each run of this tree follows one
-of that tree's, so that a neighbour's burst on a shared machine hits both, and the ratio
-this/that is what to quote, never an absolute figure from another time.
+``--against DIR`` compares with another checkout of the repository (``git archive main |
+tar -x -C /tmp/base``): a worker process in each tree, both pinned to one core, takes
+turns reviewing the same bodies in batches of ``--batch``, so that a neighbour's burst on
+a shared machine slows both alike; the ratio this/that per run, and its median, is what
+to quote, never an absolute figure from another time.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import os
 import pstats
 import statistics
 import subprocess
@@ -103,50 +105,77 @@ def profile(args: argparse.Namespace) -> None:
     stats.sort_stats("cumulative").print_stats(args.profile)
 
 
-def _one_run_elsewhere(folder: Path, args: argparse.Namespace) -> float:
-    """This measurement in a fresh process in the checkout at ``folder``: the median of
-    three runs, CPU seconds per review (the first run of a process pays for warming up)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "loadtest.review_cpu",
-        "--variant",
-        args.variant,
-        "--reviews",
-        str(args.reviews),
-        "--runs",
-        "3",
-        "--queues",
-        str(args.queues),
-        "--seed",
-        str(args.seed),
-        "--captures",
-        str(args.captures),
-        "--json",
-    ]
-    done = subprocess.run(  # noqa: S603 - our interpreter, our arguments
-        argv, cwd=folder, capture_output=True, check=True
-    )
-    result: dict[str, Any] = jsonio.loads(done.stdout)
-    return float(statistics.median(result["runs_s"]))
+def serve_batches(args: argparse.Namespace) -> None:
+    """``--worker``: read ``<count> <first>`` lines, review that many bodies numbered from
+    ``first``, and write the CPU seconds it took, until stdin closes."""
+    policy = policy_from_objects(policy_objects(args.queues, args.seed))
+    config = AdmitConfig()
+    _check(review(bodies(args.variant, 1, args.captures, -1)[0], policy, config).status)
+    with heap.short_pauses():
+        for line in sys.stdin:
+            count, first = (int(word) for word in line.split())
+            sent = bodies(args.variant, count, args.captures, first)
+            start = time.process_time()
+            for body in sent:
+                review(body, policy, config)
+            print(time.process_time() - start, flush=True)
+
+
+class _Worker:
+    """``--worker`` in the checkout at ``folder``, pinned to ``core``."""
+
+    def __init__(self, folder: Path, args: argparse.Namespace, core: int) -> None:
+        argv = [sys.executable, "-m", "loadtest.review_cpu", "--worker"]
+        argv += ["--variant", args.variant, "--queues", str(args.queues), "--seed"]
+        argv += [str(args.seed), "--captures", str(args.captures)]
+        self.process = subprocess.Popen(  # noqa: S603 - our interpreter, our arguments
+            argv, cwd=folder, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        os.sched_setaffinity(self.process.pid, {core})
+        if self.process.stdin is None or self.process.stdout is None:
+            raise RuntimeError("the worker was started without pipes")
+        self.stdin, self.stdout = self.process.stdin, self.process.stdout
+
+    def batch(self, count: int, first: int) -> float:
+        self.stdin.write(f"{count} {first}\n")
+        self.stdin.flush()
+        return float(self.stdout.readline())
+
+    def close(self) -> None:
+        self.stdin.close()
+        self.process.wait(timeout=60)
 
 
 def compare(args: argparse.Namespace) -> dict[str, Any]:
-    here, there = Path.cwd(), Path(args.against)
-    mine: list[float] = []
-    theirs: list[float] = []
-    for run in range(args.runs):
-        # the order alternates, so that neither tree always runs first
-        if run % 2:
-            mine.append(_one_run_elsewhere(here, args))
-        theirs.append(_one_run_elsewhere(there, args))
-        if not run % 2:
-            mine.append(_one_run_elsewhere(here, args))
-    ratios = [m / t for m, t in zip(mine, theirs, strict=True)]
+    """Both trees' workers on one core, taking turns in batches of ``--batch`` reviews,
+    so that whatever else runs on the machine slows both alike; per run, the CPU time
+    of each over ``--reviews`` reviews."""
+    core = min(os.sched_getaffinity(0))
+    mine, theirs = _Worker(Path.cwd(), args, core), _Worker(Path(args.against), args, core)
+    try:
+        ratios: list[float] = []
+        per_mine: list[float] = []
+        per_theirs: list[float] = []
+        first = 0
+        for _ in range(args.runs):
+            spent = [0.0, 0.0]
+            for turn in range(max(1, args.reviews // args.batch)):
+                order = (0, 1) if turn % 2 else (1, 0)
+                for side in order:
+                    worker = mine if side == 0 else theirs
+                    spent[side] += worker.batch(args.batch, first)
+                first += args.batch  # both review the same bodies, each its first time
+            reviewed = max(1, args.reviews // args.batch) * args.batch
+            per_mine.append(spent[0] / reviewed)
+            per_theirs.append(spent[1] / reviewed)
+            ratios.append(spent[0] / spent[1])
+    finally:
+        mine.close()
+        theirs.close()
     return {
         "variant": args.variant,
-        "this_us": statistics.median(mine) * 1e6,
-        "against_us": statistics.median(theirs) * 1e6,
+        "this_us": statistics.median(per_mine) * 1e6,
+        "against_us": statistics.median(per_theirs) * 1e6,
         "ratio_median": statistics.median(ratios),
         "ratios": ratios,
     }
@@ -166,12 +195,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--captures", type=Path, default=DEFAULT_CAPTURES, help="folder of the wire captures")
     add("--profile", type=int, default=0, help="print cProfile's top N functions instead")
     add("--against", type=Path, help="another checkout to compare with, run for run")
+    add("--batch", type=int, default=100, help="--against: reviews per turn (100)")
+    add("--worker", action="store_true", help=argparse.SUPPRESS)
     add("--json", action="store_true", help="print the result as JSON")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.worker:
+        serve_batches(args)
+        return 0
     if args.profile:
         profile(args)
         return 0
