@@ -39,10 +39,10 @@ from cluster import heap, jsonio
 from loadtest.bench_kueue import DISTINCT, unsuspended
 from loadtest.bench_webhook import DEFAULT_CAPTURES, load_captured_review, policy_objects
 from loadtest.review_steps import ReviewTemplate, uid_prefix
-from webhook.policy import AdmitConfig
 from webhook.policy_build import policy_from_objects
 from webhook.queues import Policy
 from webhook.review_flow import review
+from webhook.rules.outcome import AdmitConfig
 
 VARIANTS: Final = ("same", "renamed", "distinct", "unsuspended")
 

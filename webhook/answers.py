@@ -1,7 +1,7 @@
 """Answers to CREATE reviews, remembered per policy for objects that differ only in name.
 
 Layer: PURE. Plain data and functions: no I/O, no clock, no aiohttp, no pydantic. Must
-not decide anything itself: what it keeps is what ``webhook.policy.admit`` and
+not decide anything itself: what it keeps is what ``webhook.admit.decide`` and
 ``webhook.patch.diff`` answered, and it answers only where they would answer the same.
 
 Jobs are created from templates: a CI pipeline or a sweep sends the same Job again and
@@ -19,7 +19,7 @@ same policy and settings gets the same patch and warnings, with its own gang id.
   different key (a collision of 256-bit digests is out of reach), so a kept answer is
   never wrong, only unused.
 * The gang id: the rules leave it out and say which label maps it goes into
-  (``webhook.policy.rule_gang``); it is written as the last step (``name_gang``), and
+  (``webhook.rules.gang.rule_gang``); it is written as the last step (``name_gang``), and
   where it lands in the patch (``gang_holes``: the operation whose path leads to the
   label, and the path inside its value) is where each later request's own id is filled
   in when the answer is given.

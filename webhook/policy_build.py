@@ -2,7 +2,7 @@
 
 Layer: PURE. Builds a ``Policy`` from raw Kueue objects (dicts, as a watch or a
 ``kubectl apply -f`` file gives them). No I/O, no clock, no settings, no aiohttp; must not
-decide anything about a workload (that is ``webhook.policy``'s). Must never raise on a
+decide anything about a workload (that is ``webhook.rules``'). Must never raise on a
 malformed object: it is skipped (or the bad field ignored) and the reason is kept in
 ``Policy.problems`` for the caller to log.
 

@@ -1,7 +1,7 @@
 """One AdmissionReview from body bytes to answer bytes: the whole webhook minus HTTP.
 
 Layer: PURE glue. Composes the EDGE codec (``webhook.review``) with the PURE decision
-(``webhook.policy.admit``) and the patch (``webhook.patch.diff``). No async, no I/O, no
+(``webhook.admit``) and the patch (``webhook.patch.diff``). No async, no I/O, no
 clock, no aiohttp, no settings: the HTTP handler passes the body, the current policy
 snapshot, the view of the Jobs and JobSets that exist (``webhook.owners``) and the
 ``AdmitConfig`` it built at start-up, and writes back what it gets. An outcome whose
@@ -28,12 +28,14 @@ from typing import Any, Final
 
 from cluster import jsonio
 from cluster.echo import echo
+from webhook.admit import decide
 from webhook.answers import Answer, answer_key, gang_holes, keep
 from webhook.owners import NO_OWNERS, OwnerKey, OwnerView, claims_job_owner
 from webhook.patch import JsonPatch, diff
-from webhook.policy import AdmitConfig, Allowed, decide, name_gang, request_gang_id
 from webhook.queues import Policy
 from webhook.review import BadReview, decode_review, encode_response, encode_status
+from webhook.rules.gang import name_gang, request_gang_id
+from webhook.rules.outcome import AdmitConfig, Allowed
 from webhook.workload import ReviewRequest
 
 MESSAGE_LIMIT: Final = 2000
@@ -60,7 +62,7 @@ class ReviewOutcome:
     given (``webhook.answers``), ``computed`` when the rules ran; else empty."""
     unconfirmed: OwnerKey | None = None
     """The controller the object claims, which the owner view lacked: the caller may GET
-    it and review again with the view ``with_fetched`` it (``webhook.policy.admit``)."""
+    it and review again with the view ``with_fetched`` it (``webhook.admit.admit``)."""
 
 
 def review(

@@ -23,10 +23,10 @@ import pytest
 from cluster import jsonio, labels
 from cluster.files import load_objects
 from webhook.patch import apply_patch
-from webhook.policy import AdmitConfig
 from webhook.policy_build import policy_from_objects
 from webhook.queues import Policy, QueueSettings
 from webhook.review_flow import ReviewOutcome, review
+from webhook.rules.outcome import AdmitConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 JOBS = EXAMPLES / "jobs"

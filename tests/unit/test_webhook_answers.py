@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 from cluster import jsonio, labels
 from tests.unit.test_webhook_patch import jobs
 from tests.unit.test_webhook_rules import CONFIG, POLICY, job
+from webhook.admit import admit
 from webhook.answers import ANSWER_PATCH_BYTES_KEPT, ANSWERS_KEPT
 from webhook.patch import apply_patch, diff
-from webhook.policy import Allowed, admit
 from webhook.queues import Policy
 from webhook.review import decode_review, encode_response
 from webhook.review_flow import review
+from webhook.rules.outcome import Allowed
 
 
 def _body(obj: dict[str, Any], uid: str, operation: str = "CREATE") -> bytes:

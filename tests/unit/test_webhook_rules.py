@@ -14,30 +14,20 @@ from hypothesis import strategies as st
 from cluster import labels
 from cluster.model import Taint, product_matches
 from tests.builders import cq_obj, flavor_obj, lq_obj, topology_obj, wpc_obj
+from webhook.admit import admit, check_update
 from webhook.patch import Draft, clone, diff
-from webhook.policy import (
-    AdmitConfig,
-    Allowed,
-    Denied,
-    FlavorChoice,
-    QueueChoice,
-    admit,
-    check_update,
-    gang_id,
-    merge_required_affinity,
-    name_gang,
-    rule_flavors,
-    rule_gang,
+from webhook.policy_build import policy_from_objects
+from webhook.queues import Flavor, Policy, parse_toleration
+from webhook.rules.gang import gang_id, name_gang, rule_gang, rule_quota
+from webhook.rules.outcome import AdmitConfig, Allowed, Denied, FlavorChoice, QueueChoice
+from webhook.rules.placement import merge_required_affinity, rule_flavors, rule_topology
+from webhook.rules.queue import (
     rule_priority,
     rule_queue,
-    rule_quota,
     rule_scheduler,
     rule_suspend,
     rule_time_limit,
-    rule_topology,
 )
-from webhook.policy_build import policy_from_objects
-from webhook.queues import Flavor, Policy, parse_toleration
 from webhook.workload import (
     GroupVersionKind,
     GroupVersionResource,
