@@ -141,46 +141,46 @@ class Draft:
     ``node`` returns; a value assigned that way is not walked into again.
     """
 
-    __slots__ = ("_mine", "root")
+    __slots__ = ("_copied", "root")
 
     def __init__(self, original: Mapping[str, Any]) -> None:
         self.root: dict[str, Any] = dict(original)
-        # The containers this draft made, the only ones it may write into; anything else
-        # is copied first. Held here as well, so that no id is reused while the draft lives.
-        self._mine: dict[int, Any] = {id(self.root): self.root}
+        # Every container this draft made, by path: the ones it may write into.
+        self._copied: dict[tuple[PathToken, ...], Any] = {(): self.root}
 
     def node(self, path: Sequence[PathToken]) -> dict[str, Any]:
         """The map at ``path``, ours to write: copied on the way, missing or null maps created."""
-        node: Any = self.root
-        mine = self._mine
-        for depth, token in enumerate(path):
-            key: Any = token
-            if type(node) is dict:
-                child = node.get(key)
-            elif type(node) is list:
-                if type(key) is str and key.isdecimal():
-                    key = int(key)
-                # a list where a map was expected: the user's object has the wrong shape
-                if type(key) is not int or not 0 <= key < len(node):
-                    raise PatchError(f"{pointer(path[:depth])} is a list, not an object")
-                child = node[key]
-            else:
-                raise PatchError(f"{pointer(path[:depth])} is not an object or a list")
-            if id(child) not in mine:
-                if child is None:
-                    child = {}
-                elif isinstance(child, dict | list):
-                    child = type(child)(child)
-                else:
-                    raise PatchError(
-                        f"{pointer(path[: depth + 1])} is a {type(child).__name__}, not an object"
-                    )
-                node[key] = child
-                mine[id(child)] = child
-            node = child
+        node = self._container(tuple(path))
         if type(node) is not dict:
             raise PatchError(f"{pointer(path)} is not an object")
         return node
+
+    def _container(self, path: tuple[PathToken, ...]) -> Any:
+        found = self._copied.get(path)
+        if found is not None:
+            return found
+        parent = self._container(path[:-1])
+        key: Any = path[-1]
+        if type(parent) is list:
+            if type(key) is str and key.isdecimal():
+                key = int(key)
+            # a list where a map was expected: the user's object has the wrong shape
+            if type(key) is not int or not 0 <= key < len(parent):
+                raise PatchError(f"{pointer(path[:-1])} is a list, not an object")
+            child = parent[key]
+        elif type(parent) is dict:
+            child = parent.get(key)
+        else:
+            raise PatchError(f"{pointer(path[:-1])} is not an object or a list")
+        if child is None:
+            child = {}
+        elif isinstance(child, dict | list):
+            child = type(child)(child)
+        else:
+            raise PatchError(f"{pointer(path)} is a {type(child).__name__}, not an object")
+        parent[key] = child
+        self._copied[path] = child
+        return child
 
     def get(self, path: Sequence[PathToken]) -> Any:
         """The value at ``path`` (``None`` when absent), for reading only."""
