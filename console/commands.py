@@ -32,7 +32,7 @@ from console.nodes import (
 from console.queues import queues_report, read_workloads
 from console.sbatch import SbatchError, job_from_script, parse_queue_map, summary
 from console.source import KUEUE_KINDS, Source, build_snapshot
-from webhook.queues import policy_from_objects
+from webhook.policy_build import policy_from_objects
 
 _NAME: Final = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 

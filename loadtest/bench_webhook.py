@@ -89,11 +89,12 @@ from loadtest.review_steps import (
     run_step,
     uid_prefix,
 )
+from webhook.admit import admit
 from webhook.answers import ANSWERS_KEPT
 from webhook.patch import diff
-from webhook.policy import AdmitConfig, Allowed, admit
 from webhook.review import decode_review, encode_response
 from webhook.review_flow import review
+from webhook.rules.outcome import AdmitConfig, Allowed
 from webhook.source import PolicyStore
 
 DEFAULT_CAPTURES: Final = ROOT.parent / "shared" / "captures"

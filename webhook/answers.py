@@ -1,7 +1,7 @@
 """Answers to CREATE reviews, remembered per policy for objects that differ only in name.
 
 Layer: PURE. Plain data and functions: no I/O, no clock, no aiohttp, no pydantic. Must
-not decide anything itself: what it keeps is what ``webhook.policy.admit`` and
+not decide anything itself: what it keeps is what ``webhook.admit.decide`` and
 ``webhook.patch.diff`` answered, and it answers only where they would answer the same.
 
 Jobs are created from templates: a CI pipeline or a sweep sends the same Job again and
@@ -18,9 +18,11 @@ same policy and settings gets the same patch and warnings, with its own gang id.
   else the object carries, read by a rule or not, is in it: a different object is a
   different key (a collision of 256-bit digests is out of reach), so a kept answer is
   never wrong, only unused.
-* The gang id: the rules run with ``GANG_ID_PLACEHOLDER`` in its place; the places it
-  lands in the patch are found by object identity (a string object no request can
-  produce) and filled with the request's own id when the answer is given.
+* The gang id: the rules leave it out and say which label maps it goes into
+  (``webhook.rules.gang.rule_gang``); it is written as the last step (``name_gang``), and
+  where it lands in the patch (``gang_holes``: the operation whose path leads to the
+  label, and the path inside its value) is where each later request's own id is filled
+  in when the answer is given.
 * Denials are not kept: their messages name the object. Nor are UPDATE reviews, whose
   answer reads the stored object too.
 
@@ -32,13 +34,12 @@ most ``ANSWER_PATCH_BYTES_KEPT``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from cluster import jsonio
-from cluster.model import GangId
-from webhook.patch import JsonPatch
+from cluster import jsonio, labels
+from webhook.patch import JsonPatch, PathToken, pointer
 
 ANSWERS_KEPT: Final = 1024
 """Answers a policy keeps before it starts over: distinct Job templates in use."""
@@ -61,24 +62,18 @@ IDENTITY_FIELDS: Final = frozenset(
 )
 """What of ``metadata`` names one object rather than describing it."""
 
-GANG_ID_PLACEHOLDER: Final = GangId("".join(("<", "gang id", ">")))
-"""Stands for the request's gang id while the rules run. Built at run time, so that this
-one string object is the only one ``is`` finds in a patch; no decoded request holds it."""
-
-_PLACEHOLDER_TEXT: Final = jsonio.dumps(GANG_ID_PLACEHOLDER)[1:-1]
-"""How the placeholder reads in JSON: a value whose encoding lacks it cannot hold it."""
-
-Hole = tuple[int, tuple[str | int, ...]]
+Hole = tuple[int, tuple[PathToken, ...]]
 """Where the gang id goes: the operation's index, and the path inside its value."""
 
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """An allowed CREATE's answer, with the gang id left out."""
+    """An allowed CREATE's answer, and where in it the gang id goes."""
 
     patch: JsonPatch
     """Never changed once kept: ``fill`` copies what it writes into."""
     holes: tuple[Hole, ...]
+    """Where ``patch`` holds the id of the request it was made for (``gang_holes``)."""
     warnings: tuple[str, ...]
     decision: str
     reason: str
@@ -111,46 +106,44 @@ def answer_key(
     return (kind, namespace, settings, digest)
 
 
+def gang_holes(patch: JsonPatch, slots: Iterable[Sequence[PathToken]]) -> tuple[Hole, ...] | None:
+    """Where the gang label of each label map in ``slots`` (paths in the object) sits in
+    ``patch``, made after the id was written there; ``None`` if one is not in it."""
+    holes = []
+    for slot in slots:
+        target = (*slot, labels.GANG)
+        wanted = pointer(target)
+        for index, op in enumerate(patch):
+            path = op["path"]
+            if wanted == path or wanted.startswith(path + "/"):
+                # a pointer has one "/" per token: the rest of the target is in the value
+                holes.append((index, target[path.count("/") :]))
+                break
+        else:
+            return None
+    return tuple(holes)
+
+
 def keep(
     memo: dict[tuple[object, ...], Answer],
     key: tuple[object, ...],
     patch: JsonPatch,
+    holes: tuple[Hole, ...],
     *,
+    patch_bytes: int,
     warnings: Sequence[str],
     decision: str,
     reason: str,
     queue: str,
-) -> Answer:
-    """Remember an allowed answer whose patch was made with ``GANG_ID_PLACEHOLDER``,
-    unless its patch is larger than ``ANSWER_PATCH_BYTES_KEPT``; the answer either way."""
-    written = [jsonio.dumps(op.get("value")) for op in patch]
-    holes = tuple(
-        (index, path)
-        for index, (op, text) in enumerate(zip(patch, written, strict=True))
-        # the text first (cheap, and absent from most values), then the object itself
-        if _PLACEHOLDER_TEXT in text
-        for path in _holes(op.get("value"), ())
-    )
-    answer = Answer(patch, holes, tuple(warnings), decision, reason, queue)
-    if sum(map(len, written)) > ANSWER_PATCH_BYTES_KEPT:
-        return answer
+) -> None:
+    """Remember an allowed answer, whose gang id (if it has one) is at ``holes``, unless
+    its patch, ``patch_bytes`` long written as JSON, is larger than
+    ``ANSWER_PATCH_BYTES_KEPT``."""
+    if patch_bytes > ANSWER_PATCH_BYTES_KEPT:
+        return
     if len(memo) >= ANSWERS_KEPT:
         memo.clear()
-    memo[key] = answer
-    return answer
-
-
-def _holes(value: object, path: tuple[str | int, ...]) -> list[tuple[str | int, ...]]:
-    if value is GANG_ID_PLACEHOLDER:
-        return [path]
-    found: list[tuple[str | int, ...]] = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found += _holes(item, (*path, key))
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            found += _holes(item, (*path, index))
-    return found
+    memo[key] = Answer(patch, holes, tuple(warnings), decision, reason, queue)
 
 
 def _set_in(value: Any, path: tuple[str | int, ...], gang_id: str) -> Any:

@@ -27,8 +27,8 @@ from cluster.guard import ConnectionGuard, TimeoutOf
 from cluster.kube import KubeClient, KubeConfig
 from webhook.metrics import WebhookMetrics
 from webhook.owners import ControllerUsers
-from webhook.policy import AdmitConfig
 from webhook.review_flow import review
+from webhook.rules.outcome import AdmitConfig
 from webhook.settings import MAX_TIMEOUT_S, WebhookSettings
 from webhook.source import OwnerSource, PolicyStore, watch_owners, watch_policy
 

@@ -10,11 +10,12 @@ Unknown fields are ignored, so a newer kube-apiserver's additions do not break d
 Anything that is not a well-formed v1 review raises ``BadReview`` with a reason, which the
 server answers with HTTP 400.
 
-The models are the definition; the hot path does not build them. A review whose fields
-are each absent or of exactly their wire type (what kube-apiserver sends) is checked and
-read by hand, and anything else is left to the models, which coerce or refuse with their
-own messages. Answers are written as the dict the response model would dump. Tests hold
-both to the models' reading and writing.
+One reading: ``_read`` turns a review whose fields are each absent or of exactly their wire
+type (what kube-apiserver sends) into the ``ReviewRequest``. The pydantic models are the
+validation at the edge: a review ``_read`` cannot vouch for goes through them, which
+refuse it with their own words (HTTP 400) or give it back normalized (coerced to the
+wire types), and is then read the same way. Answers are written as the dict the response
+model would dump. Tests hold both to the models' reading and writing.
 """
 
 from __future__ import annotations
@@ -123,12 +124,11 @@ def decode_review(body: bytes, *, max_bytes: int = MAX_REVIEW_BYTES) -> ReviewRe
     """The request of an AdmissionReview v1 body; raises ``BadReview`` with a reason.
 
     A review that is plainly well-formed (every field absent or of exactly its wire
-    type, as kube-apiserver sends them) is read by hand; anything else goes through the
-    pydantic models (``validate_review``), which accept or word the error. Both read a
-    review the same way; the first is several times faster.
+    type, as kube-apiserver sends them) is read at once; anything else is validated by
+    the pydantic models first (``validate_review``), which refuse it or normalize it.
     """
     raw = _parse(body, max_bytes)
-    request = _fast_request(raw)
+    request = _read(raw)
     if request is not None:
         return request
     return validate_review(raw)
@@ -160,30 +160,19 @@ def _parse(body: bytes, max_bytes: int) -> dict[str, Any]:
 
 
 def validate_review(raw: dict[str, Any]) -> ReviewRequest:
-    """The request of a decoded review, validated by the pydantic wire models."""
+    """The request of a decoded review, validated by the pydantic wire models: what they
+    accept, coerced to its wire types, is read as any review is (``_read``)."""
     try:
         model = AdmissionReviewModel.model_validate(raw)
     except ValidationError as exc:
         raise BadReview(_summarize(exc)) from None
     if model.request is None:
         raise BadReview("the review has no request")
-    request = model.request
-    user = request.userInfo
-    return _to_request(
-        uid=request.uid,
-        kind=GroupVersionKind(request.kind.group, request.kind.version, request.kind.kind),
-        resource=GroupVersionResource(
-            request.resource.group, request.resource.version, request.resource.resource
-        ),
-        operation=request.operation,
-        namespace=request.namespace,
-        name=request.name,
-        obj=request.object,
-        old=request.oldObject,
-        sub_resource=request.subResource,
-        dry_run=request.dryRun,
-        user=UserInfo(username=user.username, uid=user.uid, groups=tuple(user.groups)),
-    )
+    # the response (if any) is valid; only the request is read
+    request = _read({"request": model.request.model_dump()})
+    if request is None:
+        raise AssertionError("a validated review is plainly well-formed")
+    return request
 
 
 def _summarize(exc: ValidationError) -> str:
@@ -245,11 +234,11 @@ def _to_request(
     )
 
 
-# ---------------------------------------------------------------- the hand-checked path
+# ---------------------------------------------------------------- the reading
 #
 # Every check raises _Unsure when a value is not exactly what the models accept without
-# coercion; the review then goes to the models, which decide and word the error. So this
-# path never accepts what the models would refuse, and reads what it accepts the same way.
+# coercion; the review then goes to the models, which decide and word the error, or give
+# it back normalized. So nothing is read that the models would refuse.
 
 
 class _Unsure(Exception):
@@ -304,8 +293,8 @@ def _user(value: object) -> UserInfo:
     return UserInfo(username=username, uid=uid, groups=tuple(groups))
 
 
-def _fast_request(raw: dict[str, Any]) -> ReviewRequest | None:
-    """The request read by hand, or ``None`` to leave it to the models."""
+def _read(raw: dict[str, Any]) -> ReviewRequest | None:
+    """The request of a plainly well-formed review, or ``None`` to leave it to the models."""
     if raw.get("response") is not None:
         return None
     request: dict[str, Any] = raw["request"]
@@ -360,10 +349,12 @@ def encode_response(
     code: int | None = None,
     message: str | None = None,
     reason: str | None = None,
+    patch_json: bytes | None = None,
 ) -> bytes:
     """The AdmissionReview v1 answer to request ``uid``.
 
-    A patch is sent only when it has operations (and only with ``allowed``); a denial
+    A patch is sent only when it has operations (and only with ``allowed``);
+    ``patch_json``, when given, is ``patch`` written already (``jsonio.dumps``). A denial
     carries ``status`` with ``code`` (403 or 422), ``message`` and ``reason``. Built as the
     dict that ``AdmissionReviewModel(...).model_dump(exclude_none=True)`` would give (same
     keys, same order), without building the models for every answer.
@@ -371,7 +362,8 @@ def encode_response(
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if allowed and patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = binascii.b2a_base64(jsonio.dumps(patch), newline=False).decode()
+        written = jsonio.dumps(patch) if patch_json is None else patch_json
+        response["patch"] = binascii.b2a_base64(written, newline=False).decode()
     if not allowed or code is not None:
         status: dict[str, Any] = {"status": "Success" if allowed else "Failure"}
         if message is not None:

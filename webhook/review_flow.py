@@ -1,7 +1,7 @@
 """One AdmissionReview from body bytes to answer bytes: the whole webhook minus HTTP.
 
 Layer: PURE glue. Composes the EDGE codec (``webhook.review``) with the PURE decision
-(``webhook.policy.admit``) and the patch (``webhook.patch.diff``). No async, no I/O, no
+(``webhook.admit``) and the patch (``webhook.patch.diff``). No async, no I/O, no
 clock, no aiohttp, no settings: the HTTP handler passes the body, the current policy
 snapshot, the view of the Jobs and JobSets that exist (``webhook.owners``) and the
 ``AdmitConfig`` it built at start-up, and writes back what it gets. An outcome whose
@@ -28,12 +28,14 @@ from typing import Any, Final
 
 from cluster import jsonio
 from cluster.echo import echo
-from webhook.answers import GANG_ID_PLACEHOLDER, Answer, answer_key, keep
+from webhook.admit import decide
+from webhook.answers import Answer, answer_key, gang_holes, keep
 from webhook.owners import NO_OWNERS, OwnerKey, OwnerView, claims_job_owner
 from webhook.patch import JsonPatch, diff
-from webhook.policy import AdmitConfig, Allowed, admit, gang_id
 from webhook.queues import Policy
 from webhook.review import BadReview, decode_review, encode_response, encode_status
+from webhook.rules.gang import name_gang, request_gang_id
+from webhook.rules.outcome import AdmitConfig, Allowed
 from webhook.workload import ReviewRequest
 
 MESSAGE_LIMIT: Final = 2000
@@ -60,7 +62,7 @@ class ReviewOutcome:
     given (``webhook.answers``), ``computed`` when the rules ran; else empty."""
     unconfirmed: OwnerKey | None = None
     """The controller the object claims, which the owner view lacked: the caller may GET
-    it and review again with the view ``with_fetched`` it (``webhook.policy.admit``)."""
+    it and review again with the view ``with_fetched`` it (``webhook.admit.admit``)."""
 
 
 def review(
@@ -117,30 +119,41 @@ def _decide(
         kept = policy.answers.get(key)
         if kept is not None:
             return _answer(request, kept, "kept")
-    placeholder = GANG_ID_PLACEHOLDER if key is not None else None
-    decision = admit(request, policy, config, owners=owners, placeholder=placeholder)
+    decision = decide(request, policy, config, owners=owners)
     kind = _kind_label(request)
     if isinstance(decision, Allowed):
-        patch = diff(request.object, decision.object) if request.object is not None else []
-        if key is not None:
-            answer = keep(
+        # the last step: the gang id made from the name, outside what is kept
+        named = name_gang(decision, request_gang_id(request)) if decision.gang_slots else decision
+        patch = diff(request.object, named.object) if request.object is not None else []
+        written = jsonio.dumps(patch)
+        holes = gang_holes(patch, decision.gang_slots)
+        if key is not None and holes is not None:
+            keep(
                 policy.answers,
                 key,
                 patch,
+                holes,
+                patch_bytes=len(written),
                 warnings=decision.warnings,
                 decision="mutated" if patch else "allowed",
                 reason=decision.reason,
                 queue=decision.queue,
             )
-            return _answer(request, answer, "computed")
         return ReviewOutcome(
             200,
-            encode_response(request.uid, allowed=True, patch=patch, warnings=decision.warnings),
+            encode_response(
+                request.uid,
+                allowed=True,
+                patch=patch,
+                warnings=decision.warnings,
+                patch_json=written,
+            ),
             kind=kind,
             decision="mutated" if patch else "allowed",
             reason=decision.reason,
             queue=decision.queue,
             patch=patch,
+            answer="" if key is None else "computed",
             unconfirmed=decision.unconfirmed,
         )
     return ReviewOutcome(
@@ -195,12 +208,7 @@ def _names_are_strings(obj: Mapping[str, Any]) -> bool:
 
 def _answer(request: ReviewRequest, answer: Answer, source: str) -> ReviewOutcome:
     """A kept answer, given to ``request`` with its own gang id."""
-    patch = answer.patch
-    if answer.holes:
-        metadata: Any = (request.object or {}).get("metadata") or {}
-        namespace = request.namespace or str(metadata.get("namespace") or "")
-        name, generate_name = metadata.get("name") or "", metadata.get("generateName") or ""
-        patch = answer.fill(gang_id(namespace, name, generate_name, request.uid))
+    patch = answer.fill(request_gang_id(request)) if answer.holes else answer.patch
     return ReviewOutcome(
         200,
         encode_response(request.uid, allowed=True, patch=patch, warnings=answer.warnings),

@@ -107,10 +107,13 @@ class ReviewRequest:
     @property
     def workload_kind(self) -> WorkloadKind | None:
         """The workload kind this request is about, or ``None`` for anything else."""
-        for kind, api_version in API_VERSIONS.items():
-            if self.kind.kind == kind.value and self.kind.api_version == api_version:
-                return kind
-        return None
+        return _WORKLOAD_KINDS.get((self.kind.api_version, self.kind.kind))
+
+
+_WORKLOAD_KINDS: Final[Mapping[tuple[str, str], WorkloadKind]] = MappingProxyType(
+    {(api_version, kind.value): kind for kind, api_version in API_VERSIONS.items()}
+)
+"""(apiVersion, kind) → the workload kind it is."""
 
 
 # ---------------------------------------------------------------- the workload

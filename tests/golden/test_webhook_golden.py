@@ -33,9 +33,10 @@ from cluster.files import load_objects
 from tests.shared import CAPTURES
 from webhook.owners import JOBSET_CONTROLLER_USERNAMES, OwnerKind, OwnerView
 from webhook.patch import apply_patch, clone
-from webhook.policy import AdmitConfig
-from webhook.queues import Policy, policy_from_objects
+from webhook.policy_build import policy_from_objects
+from webhook.queues import Policy
 from webhook.review_flow import ReviewOutcome, review
+from webhook.rules.outcome import AdmitConfig
 
 HERE = Path(__file__).parent / "webhook"
 UPDATE = os.environ.get("TESSERA_UPDATE_GOLDENS") == "1"

@@ -26,7 +26,7 @@ from tests.builders import (
     topology_obj,
     workload_obj,
 )
-from webhook.queues import policy_from_objects
+from webhook.policy_build import policy_from_objects
 
 NOW = datetime(2026, 1, 1, 6, 0, tzinfo=UTC)
 LEVELS = (("block", BLOCK_LABEL), ("rack", RACK_LABEL), ("hostname", labels.HOSTNAME))

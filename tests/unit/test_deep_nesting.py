@@ -22,9 +22,9 @@ from cluster.files import load_objects
 from extender import verbs
 from tests.golden.test_extender_golden import CONFIG as EXTENDER_CONFIG
 from tests.golden.test_extender_golden import load_cache
-from webhook.policy import AdmitConfig
-from webhook.queues import policy_from_objects
+from webhook.policy_build import policy_from_objects
 from webhook.review_flow import review
+from webhook.rules.outcome import AdmitConfig
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 POLICY = policy_from_objects(load_objects(GOLDEN / "webhook" / "policy.yaml"))

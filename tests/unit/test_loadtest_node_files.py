@@ -22,9 +22,10 @@ from loadtest import demo, fleet, node_files, objects, scenario
 from loadtest.__main__ import _nodes, _spec, main
 from loadtest.fleet import BLOCK_LABEL, RACK_LABEL
 from loadtest.traces import DEFAULT_DATA_DIR, SPOT, TraceNode
-from webhook.policy import AdmitConfig, Allowed, admit
-from webhook.queues import policy_from_objects
+from webhook.admit import admit
+from webhook.policy_build import policy_from_objects
 from webhook.review import decode_review
+from webhook.rules.outcome import AdmitConfig, Allowed
 
 LEVELS = (BLOCK_LABEL, RACK_LABEL, labels.HOSTNAME)
 SPOT_FILE = DEFAULT_DATA_DIR / SPOT / "node_info_df.csv"

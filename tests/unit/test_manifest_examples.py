@@ -1,7 +1,7 @@
 """The example queues and jobs in ``manifests/examples`` do what their comments say.
 
 The queue objects are read exactly as the webhook reads them in standalone mode
-(``cluster.files`` then ``webhook.queues.policy_from_objects``): they must parse without a
+(``cluster.files`` then ``webhook.policy_build.policy_from_objects``): they must parse without a
 single problem and give the quotas, limits and queue settings that the comments in
 ``cluster-queues.yaml`` and ``local-queues.yaml`` promise. Each example job then goes through
 the whole webhook minus HTTP (``webhook.review_flow.review``) as a CREATE AdmissionReview
@@ -23,9 +23,10 @@ import pytest
 from cluster import jsonio, labels
 from cluster.files import load_objects
 from webhook.patch import apply_patch
-from webhook.policy import AdmitConfig
-from webhook.queues import Policy, QueueSettings, policy_from_objects
+from webhook.policy_build import policy_from_objects
+from webhook.queues import Policy, QueueSettings
 from webhook.review_flow import ReviewOutcome, review
+from webhook.rules.outcome import AdmitConfig
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 JOBS = EXAMPLES / "jobs"

@@ -15,13 +15,14 @@ from hypothesis import strategies as st
 
 from cluster import jsonio, labels
 from tests.unit.test_webhook_patch import jobs
-from tests.unit.test_webhook_rules import CONFIG, POLICY, job
+from tests.unit.test_webhook_rules import CONFIG, POLICY, job, jobset
+from webhook.admit import admit
 from webhook.answers import ANSWER_PATCH_BYTES_KEPT, ANSWERS_KEPT
 from webhook.patch import apply_patch, diff
-from webhook.policy import Allowed, admit
 from webhook.queues import Policy
 from webhook.review import decode_review, encode_response
 from webhook.review_flow import review
+from webhook.rules.outcome import Allowed
 
 
 def _body(obj: dict[str, Any], uid: str, operation: str = "CREATE") -> bytes:
@@ -121,6 +122,49 @@ def test_each_object_gets_its_own_gang_id() -> None:
     assert len(policy.answers) == 1  # one template, named or generated: one answer
 
 
+def _jobset_body(obj: dict[str, Any], uid: str) -> bytes:
+    request = {
+        "uid": uid,
+        "kind": {"group": "jobset.x-k8s.io", "version": "v1alpha2", "kind": "JobSet"},
+        "resource": {"group": "jobset.x-k8s.io", "version": "v1alpha2", "resource": "jobsets"},
+        "namespace": obj["metadata"].get("namespace", ""),
+        "operation": "CREATE",
+        "userInfo": {"username": "alice"},
+        "object": obj,
+    }
+    return jsonio.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    )
+
+
+@pytest.mark.parametrize("template_meta", [None, {"labels": {"app": "x"}}])
+def test_a_kept_answer_gives_every_template_of_a_jobset_its_own_gang_id(
+    template_meta: dict[str, Any] | None,
+) -> None:
+    """The gang id lands in one operation per template (a label added to a label map,
+    or inside a map added whole): each is filled for the later request."""
+    policy = _fresh()
+
+    def made(name: str) -> dict[str, Any]:
+        obj = jobset([("workers", 2, 2, 4), ("driver", 1, 1, None)], name=name)
+        if template_meta is not None:
+            for rjob in obj["spec"]["replicatedJobs"]:
+                rjob["template"]["spec"]["template"]["metadata"] = dict(template_meta)
+        return obj
+
+    first = review(_jobset_body(made("pretrain-a"), "uid-1"), policy, CONFIG)
+    later = _jobset_body(made("pretrain-b"), "uid-2")
+    kept = review(later, policy, CONFIG)
+    assert (first.answer, kept.answer) == ("computed", "kept")
+    assert kept.body == _by_the_rules(later, _fresh())
+    patched = apply_patch(made("pretrain-b"), _patch(kept.body))
+    gangs = {
+        rjob["template"]["spec"]["template"]["metadata"]["labels"][labels.GANG]
+        for rjob in patched["spec"]["replicatedJobs"]
+    }
+    assert gangs == {"team.pretrain-b"}
+
+
 def test_denials_are_not_kept_and_name_each_object() -> None:
     policy = _fresh()
     first = review(_body(job(name="huge-a", gpus=8, parallelism=100), "uid-1"), policy, CONFIG)
@@ -148,15 +192,14 @@ def test_a_new_policy_starts_without_answers_and_the_memo_stays_bounded() -> Non
     assert not _fresh().answers
 
 
-def test_text_that_looks_like_the_placeholder_is_left_alone() -> None:
+def test_text_that_looks_like_a_gang_id_is_left_alone() -> None:
     policy = _fresh()
-    obj = job(name="train", annotations={"note": "<gang id>"}, extra_labels={"x": "gang-id"})
+    obj = job(name="train", annotations={"note": "team.train"}, extra_labels={"x": "team.train"})
     first = review(_body(obj, "uid-1"), policy, CONFIG)
-    kept = review(_body(_renamed(obj, "train", None), "uid-2"), policy, CONFIG)
-    assert (
-        "<gang id>" not in base64.b64decode(jsonio.loads(first.body)["response"]["patch"]).decode()
-    )
-    assert kept.body.replace(b"uid-2", b"uid-1") == first.body
+    kept = review(_body(_renamed(obj, "other", None), "uid-2"), policy, CONFIG)
+    assert kept.answer == "kept"
+    assert kept.body == _by_the_rules(_body(_renamed(obj, "other", None), "uid-2"), _fresh())
+    assert first.body.replace(b"uid-1", b"uid-2") != kept.body  # its own gang id only
 
 
 def test_the_memo_keeps_a_digest_of_each_object_not_the_object() -> None:

@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from cluster import jsonio, labels
 from cluster.files import load_objects
 from webhook.metrics import WebhookMetrics
-from webhook.policy import UNKNOWN_QUEUE, AdmitConfig
-from webhook.queues import policy_from_objects
+from webhook.policy_build import policy_from_objects
 from webhook.review_flow import ReviewOutcome, review
+from webhook.rules.outcome import UNKNOWN_QUEUE, AdmitConfig
 
 POLICY = policy_from_objects(
     load_objects(Path(__file__).resolve().parents[1] / "golden" / "webhook" / "policy.yaml")

@@ -20,6 +20,7 @@ import pytest
 
 from cluster import jsonio, labels
 from cluster.files import load_objects
+from webhook.admit import admit
 from webhook.owners import (
     JOB_CONTROLLER_USERNAMES,
     JOBSET_CONTROLLER_USERNAMES,
@@ -32,10 +33,10 @@ from webhook.owners import (
     claims_job_owner,
     judge_owner,
 )
-from webhook.policy import AdmitConfig, Allowed, Decision, Denied, admit
-from webhook.queues import policy_from_objects
+from webhook.policy_build import policy_from_objects
 from webhook.review import decode_review
 from webhook.review_flow import review
+from webhook.rules.outcome import AdmitConfig, Allowed, Decision, Denied
 from webhook.workload import ReviewRequest
 
 POLICY = policy_from_objects(

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from cluster import jsonio, labels
 from tests.unit.test_webhook_rules import CONFIG, POLICY, job, request
+from webhook.admit import admit
 from webhook.patch import (
     Draft,
     JsonPatch,
@@ -23,7 +24,7 @@ from webhook.patch import (
     pointer,
     unescape,
 )
-from webhook.policy import Allowed, admit
+from webhook.rules.outcome import Allowed
 from webhook.workload import WorkloadKind, workload_from_object
 
 

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from cluster import labels
 from cluster.model import Taint
 from tests.builders import KUEUE, Quota, cq_obj, flavor_obj, lq_obj, topology_obj, wpc_obj
+from webhook.policy_build import policy_from_objects, policy_view
 from webhook.queues import (
     Limit,
     PolicyError,
@@ -21,8 +22,6 @@ from webhook.queues import (
     Toleration,
     format_seconds,
     parse_seconds,
-    policy_from_objects,
-    policy_view,
 )
 
 GPU = labels.GPU_RESOURCE
@@ -174,7 +173,7 @@ def test_a_queue_offers_the_gpu_flavors_it_could_get_every_asked_resource_from(
     offer = policy.offer(queue, resources)
     assert tuple(f.name for f in offer.flavors) == offered
     assert offer.terms is None  # "any" has no node labels: its pods may run anywhere
-    assert [(name, taint.key) for name, taint, _ in offer.taints] == [("spot", "spot")]
+    assert [(name, taint.key) for name, taint, *_ in offer.taints] == [("spot", "spot")]
     # Worked out once per policy, and the same as working it out on demand.
     assert replace(policy, offers={}).offer(queue, resources) == offer
 

@@ -14,28 +14,20 @@ from hypothesis import strategies as st
 from cluster import labels
 from cluster.model import Taint, product_matches
 from tests.builders import cq_obj, flavor_obj, lq_obj, topology_obj, wpc_obj
+from webhook.admit import admit, check_update
 from webhook.patch import Draft, clone, diff
-from webhook.policy import (
-    AdmitConfig,
-    Allowed,
-    Denied,
-    FlavorChoice,
-    QueueChoice,
-    admit,
-    check_update,
-    gang_id,
-    merge_required_affinity,
-    rule_flavors,
-    rule_gang,
+from webhook.policy_build import policy_from_objects
+from webhook.queues import Flavor, Policy, parse_toleration
+from webhook.rules.gang import gang_id, name_gang, rule_gang, rule_quota
+from webhook.rules.outcome import AdmitConfig, Allowed, Denied, FlavorChoice, QueueChoice
+from webhook.rules.placement import merge_required_affinity, rule_flavors, rule_topology
+from webhook.rules.queue import (
     rule_priority,
     rule_queue,
-    rule_quota,
     rule_scheduler,
     rule_suspend,
     rule_time_limit,
-    rule_topology,
 )
-from webhook.queues import Flavor, Policy, parse_toleration, policy_from_objects
 from webhook.workload import (
     GroupVersionKind,
     GroupVersionResource,
@@ -812,9 +804,16 @@ def test_borrowing_limit_is_named_when_it_is_the_cap() -> None:
 # ---------------------------------------------------------------- rule 6: gang
 
 
-def _gang(obj: dict[str, Any], uid: str = "uid-1") -> tuple[Any, dict[str, Any]]:
+def _gang(obj: dict[str, Any], uid: str = "uid-1") -> tuple[Any, Any]:
+    """The gang rule's denial, or ``()`` and the object with the gang id of a request
+    ``uid`` written where the rule left room for it (``name_gang``, the last step)."""
     out = Draft(obj)
-    return rule_gang(wl(obj), queue(), ALL_GPU, POLICY, out, request_uid=uid), out.root
+    workload = wl(obj)
+    slots = rule_gang(workload, queue(), ALL_GPU, POLICY, out)
+    if isinstance(slots, Denied):
+        return slots, out.root
+    gid = gang_id(workload.namespace, workload.name, workload.generate_name, uid)
+    return (), name_gang(Allowed(out.root, gang_slots=slots), gid).object
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,8 @@ from cluster.clock import ManualClock
 from cluster.files import load_objects
 from tests.builders import KUEUE, cq_obj, flavor_obj, lq_obj
 from webhook.owners import OwnerKey, OwnerKind
-from webhook.queues import Policy, parse_objects, policy_from_objects, policy_view
+from webhook.policy_build import parse_objects, policy_from_objects, policy_view
+from webhook.queues import Policy
 from webhook.source import KUEUE_RESOURCES, OwnerStore, PolicyStore
 
 GPU = labels.GPU_RESOURCE

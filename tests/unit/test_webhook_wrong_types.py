@@ -15,9 +15,9 @@ import pytest
 
 from cluster import jsonio
 from cluster.files import load_objects
-from webhook.policy import AdmitConfig
-from webhook.queues import policy_from_objects
+from webhook.policy_build import policy_from_objects
 from webhook.review_flow import review
+from webhook.rules.outcome import AdmitConfig
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "webhook"
 POLICY = policy_from_objects(load_objects(GOLDEN / "policy.yaml"))
