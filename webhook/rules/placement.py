@@ -250,6 +250,17 @@ def rule_topology(
     Kueue's topology-aware scheduling picks the nodes before kube-scheduler sees the pods,
     so the level goes to Kueue as its pod-set annotation (the level's node label) and is
     not copied, lest the extender second-guess the nodes Kueue chose.
+
+    Which mode to use when (figures: README, "With Kueue", from ``python -m loadtest demo
+    --real --topology both``): mode A by default. Only the extender sees what decides
+    whether a pod really fits a node: unhealthy GPUs, NVLink islands, maintenance windows
+    and GPU shares; Kueue's topology-aware scheduling counts allocatable GPUs per node, so
+    in mode B it can pin a pod to a host whose free GPUs the extender must refuse, and the
+    pod waits until ``waitForPodsReady`` evicts the workload. Mode B when Kueue must not
+    admit a gang before a rack (or block) has room for all of it, e.g. when admitted
+    gangs that wait for a rack would hold quota other queues need, or when pods of other
+    schedulers share the nodes; the extender then still picks the NVLink islands and GPUs
+    inside each host Kueue chose.
     """
     value = workload.annotations.get(labels.TOPOLOGY)
     kueue_flavors = [f for f in flavors if f.kueue_topology]
