@@ -31,9 +31,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from itertools import chain
 from types import MappingProxyType
-from typing import Generic, TypeVar
 
 from cluster import logs
 from cluster.clock import Clock
@@ -49,24 +47,16 @@ from cluster.model import (
     PodInfo,
     PodKey,
 )
+from cluster.sharded import CowMap, ShardedMap, shard_of
 from cluster.snapshot import (
-    GROUP_BITS,
-    GROUP_SIZE,
     NodeChangeLog,
-    ShardedMap,
-    Shards,
     Snapshot,
-    empty_shards,
     gpus_needed,
     indices_match,
     pick_gpus,
-    shard_of,
 )
 
 log = logging.getLogger(__name__)
-
-K = TypeVar("K", bound=str)
-V = TypeVar("V")
 
 
 class AllocationConflict(Exception):
@@ -108,74 +98,6 @@ class _Assumption:
     deadline: float
 
 
-class _CowMap(Generic[K, V]):
-    """The writer's side of a ``ShardedMap``. After ``freeze`` every shard belongs to
-    the frozen map; the first write to a shard copies that shard (tens of entries), and
-    the next ``freeze`` rebuilds only the groups that hold a copied shard."""
-
-    __slots__ = ("_dirty", "_frozen", "_frozen_groups", "_groups", "_len", "_owned")
-
-    def __init__(self) -> None:
-        start: Shards[K, V] = empty_shards()
-        self._groups: list[list[dict[K, V]]] = [list(group) for group in start]
-        self._frozen_groups: list[tuple[dict[K, V], ...]] = list(start)
-        self._owned: set[int] = set()  # shards copied since the last freeze
-        self._dirty: set[int] = set()  # groups whose frozen tuple is stale
-        self._len = 0
-        self._frozen: ShardedMap[K, V] | None = ShardedMap(start, 0)
-
-    def __len__(self) -> int:
-        return self._len
-
-    def key_list(self) -> list[K]:
-        return list(chain.from_iterable(filter(None, chain.from_iterable(self._groups))))
-
-    # Callers pass the key's shard (``shard_of``): one pod's update touches several maps.
-    def get_at(self, i: int, key: K) -> V | None:
-        return self._groups[i >> GROUP_BITS][i & (GROUP_SIZE - 1)].get(key)
-
-    def _writable(self, i: int) -> dict[K, V]:
-        group = self._groups[i >> GROUP_BITS]
-        if i not in self._owned:
-            group[i & (GROUP_SIZE - 1)] = dict(group[i & (GROUP_SIZE - 1)])
-            self._owned.add(i)
-            self._dirty.add(i >> GROUP_BITS)
-        self._frozen = None
-        return group[i & (GROUP_SIZE - 1)]
-
-    def set_at(self, i: int, key: K, value: V) -> None:
-        shard = self._writable(i)
-        if key not in shard:
-            self._len += 1
-        shard[key] = value
-
-    def pop_at(self, i: int, key: K) -> None:
-        if key in self._groups[i >> GROUP_BITS][i & (GROUP_SIZE - 1)]:
-            del self._writable(i)[key]
-            self._len -= 1
-
-    def get(self, key: K) -> V | None:
-        return self.get_at(shard_of(key), key)
-
-    def set(self, key: K, value: V) -> None:
-        self.set_at(shard_of(key), key, value)
-
-    def pop(self, key: K) -> None:
-        self.pop_at(shard_of(key), key)
-
-    def __contains__(self, key: K) -> bool:
-        return self.get(key) is not None
-
-    def freeze(self) -> ShardedMap[K, V]:
-        if self._frozen is None:
-            for g in self._dirty:
-                self._frozen_groups[g] = tuple(self._groups[g])
-            self._dirty.clear()
-            self._owned.clear()
-            self._frozen = ShardedMap(tuple(self._frozen_groups), self._len)
-        return self._frozen
-
-
 @dataclass(slots=True)
 class _NodeSlot:
     """All the cache keeps under one node name. A slot outlives its node: pods bound to
@@ -206,7 +128,7 @@ class _GangIndex:
 
     def __init__(self) -> None:
         self._members: dict[GangId, set[PodKey]] = {}
-        self._frozen: _CowMap[GangId, tuple[PodKey, ...]] = _CowMap()
+        self._frozen: CowMap[GangId, tuple[PodKey, ...]] = CowMap()
         self._dirty: set[GangId] = set()
 
     def move(self, key: PodKey, leave: GangId | None, join: GangId | None) -> None:
@@ -309,14 +231,14 @@ class ClusterCache:
         # nodes with allocations applied (what snapshots show), by shard, copied on write
         # like the pods: one bind changes one node, and a snapshot after it then costs a
         # shard, not a copy of every node (~40 us at 5,000)
-        self._nodes: _CowMap[NodeName, NodeState] = _CowMap()
+        self._nodes: CowMap[NodeName, NodeState] = CowMap()
         # the watch's GPU pods, plus assumed pods the watch has not shown (_assume_only)
-        self._pods: _CowMap[PodKey, PodInfo] = _CowMap()
+        self._pods: CowMap[PodKey, PodInfo] = CowMap()
         self._assume_only: set[PodKey] = set()
         self._assumed: dict[PodKey, _Assumption] = {}
         self._assumed_view: frozenset[PodKey] | None = frozenset()
         # derived: allocations, and the gangs of the pods that hold one
-        self._allocs: _CowMap[PodKey, Allocation] = _CowMap()
+        self._allocs: CowMap[PodKey, Allocation] = CowMap()
         self._gangs = _GangIndex()
         # the node and CPU of each pod without GPUs (kept for nothing else)
         self._cpu_only: dict[PodKey, tuple[NodeName, int]] = {}

@@ -11,13 +11,10 @@ derived from one snapshot to the next.
 
 from __future__ import annotations
 
-import zlib
 from bisect import bisect_right
-from collections.abc import ItemsView, Iterator, Mapping, ValuesView
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from itertools import chain, islice
 from types import MappingProxyType
-from typing import Generic, TypeVar, overload
 
 from cluster.model import (
     MILLI_PER_GPU,
@@ -30,148 +27,7 @@ from cluster.model import (
     PodInfo,
     PodKey,
 )
-
-K = TypeVar("K", bound=str)
-V = TypeVar("V")
-D = TypeVar("D")
-
-SHARD_BITS = 12
-SHARDS = 1 << SHARD_BITS
-"""Pod-sized maps are split in 4,096 shards (about 37 entries each at 150,000 pods)."""
-
-GROUP_BITS = 6
-GROUP_SIZE = 1 << GROUP_BITS
-"""Shards are grouped 64 to a tuple, 64 tuples to a map: freezing a map after a change
-builds one 64-tuple per touched group plus the top one, not a 4,096-tuple."""
-
-Shards = tuple[tuple[dict[K, V], ...], ...]
-
-
-def shard_of(key: str) -> int:
-    """The shard a key lives in.
-
-    crc32 rather than ``hash()``: str hashes are salted per process, and a map's iteration
-    order should not change from one run (or one load test) to the next.
-    """
-    return zlib.crc32(key.encode()) & (SHARDS - 1)
-
-
-def empty_shards() -> Shards[K, V]:
-    """Every shard the same empty dict: fine, because nobody writes to a frozen shard."""
-    nothing: dict[K, V] = {}
-    group = (nothing,) * GROUP_SIZE
-    return (group,) * (SHARDS // GROUP_SIZE)
-
-
-class ShardedMap(Mapping[K, V], Generic[K, V]):
-    """A read-only mapping over ``SHARDS`` dicts that nobody mutates any more.
-
-    Copying a 150,000-entry dict costs milliseconds (every key and value is touched);
-    the cache instead hands out its shards and, on its next write, copies only the one
-    shard it writes to. Iteration goes shard by shard, each in insertion order:
-    deterministic, but not sorted.
-    """
-
-    __slots__ = ("_groups", "_len")
-
-    def __init__(self, groups: Shards[K, V], length: int) -> None:
-        if len(groups) * GROUP_SIZE != SHARDS:
-            raise ValueError(f"a ShardedMap needs {SHARDS // GROUP_SIZE} groups of shards")
-        self._groups = groups
-        self._len = length
-
-    @classmethod
-    def empty(cls) -> ShardedMap[K, V]:
-        return cls(empty_shards(), 0)
-
-    @classmethod
-    def of(cls, items: Mapping[K, V]) -> ShardedMap[K, V]:
-        groups: list[list[dict[K, V]]] = [
-            [{} for _ in range(GROUP_SIZE)] for _ in range(SHARDS // GROUP_SIZE)
-        ]
-        for key, value in items.items():
-            i = shard_of(key)
-            groups[i >> GROUP_BITS][i & (GROUP_SIZE - 1)][key] = value
-        return cls(tuple(tuple(group) for group in groups), len(items))
-
-    def _shard(self, key: str) -> dict[K, V]:
-        i = shard_of(key)
-        return self._groups[i >> GROUP_BITS][i & (GROUP_SIZE - 1)]
-
-    def __getitem__(self, key: K) -> V:
-        return self._shard(key)[key]
-
-    @overload
-    def get(self, key: K, /) -> V | None: ...
-    @overload
-    def get(self, key: K, default: V | D, /) -> V | D: ...
-    def get(self, key: K, default: object = None, /) -> object:
-        return self._shard(key).get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key in self._shard(key)
-
-    def __iter__(self) -> Iterator[K]:
-        # most shards of a small map are empty: skip them before making an iterator each
-        return chain.from_iterable(filter(None, chain.from_iterable(self._groups)))
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __repr__(self) -> str:
-        return f"ShardedMap({len(self)} entries)"
-
-    def shards(self) -> Iterator[Mapping[K, V]]:
-        """The non-empty shards, read-only, in iteration order: a reader that walks a
-        large map in steps takes a shard's values at C speed."""
-        return filter(None, chain.from_iterable(self._groups))
-
-    # Mapping's views would look every key up again (a crc32 each): walk the shards.
-    def values(self) -> ValuesView[V]:
-        return _ShardValues(self)
-
-    def items(self) -> ItemsView[K, V]:
-        return _ShardItems(self)
-
-
-class _ShardValues(ValuesView[V], Generic[K, V]):
-    def __init__(self, mapping: ShardedMap[K, V]) -> None:
-        super().__init__(mapping)
-        self._sharded = mapping
-
-    def __iter__(self) -> Iterator[V]:
-        return chain.from_iterable(shard.values() for shard in self._sharded.shards())
-
-
-class _ShardItems(ItemsView[K, V]):
-    def __init__(self, mapping: ShardedMap[K, V]) -> None:
-        super().__init__(mapping)
-        self._sharded = mapping
-
-    def __iter__(self) -> Iterator[tuple[K, V]]:
-        return chain.from_iterable(shard.items() for shard in self._sharded.shards())
-
-
-def batches(items: Mapping[K, V], size: int) -> Iterator[list[V]]:
-    """The values of ``items`` in lists of about ``size`` (whole shards of a
-    ``ShardedMap``, so a list may run past ``size`` by one shard), in iteration order:
-    for a reader that lets other work run between two lists. ``items`` must not change
-    meanwhile, which a snapshot's maps never do."""
-    if size < 1:
-        raise ValueError(f"a batch holds at least one value, not {size}")
-    if not isinstance(items, ShardedMap):
-        values = iter(items.values())
-        while batch := list(islice(values, size)):
-            yield batch
-        return
-    batch = []
-    for shard in items.shards():
-        batch.extend(shard.values())
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+from cluster.sharded import ShardedMap
 
 
 def _no_nodes() -> Mapping[NodeName, NodeState]:

@@ -29,7 +29,8 @@ from typing import Final
 
 from cluster import logs
 from cluster.model import PodDemand
-from cluster.snapshot import Snapshot, batches
+from cluster.sharded import batches
+from cluster.snapshot import Snapshot
 from extender.config import ExtenderConfig, PodShape, count_shapes, mix_distance, mix_from_counts
 from extender.gangs import prepare_gang_shape
 from extender.memo import DecisionCache

@@ -10,11 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster.model import Allocation, GpuDevice, NodeName, NodeState, PodDemand
+from cluster.sharded import ShardedMap, batches
 from cluster.snapshot import (
     NodeChangeLog,
-    ShardedMap,
     apply_allocation,
-    batches,
     indices_match,
     pick_gpus,
 )
