@@ -15,6 +15,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY cluster/ cluster/
+COPY server/ server/
 COPY webhook/ webhook/
 COPY extender/ extender/
 COPY certs/ certs/

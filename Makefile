@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SOURCES := cluster webhook extender certs loadtest console tests
+SOURCES := cluster server webhook extender certs loadtest console tests
 
 .DEFAULT_GOAL := help
 

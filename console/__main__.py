@@ -19,13 +19,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from cluster.cli import env_bool, env_value
 from cluster.clock import Clock, SystemClock
 from cluster.files import ObjectFileError
 from cluster.kube import KubeClient, KubeConfig, KubeError
 from console import annotate, commands
 from console.commands import ConsoleError, Output
 from console.source import ApiSource, FileSource, ReadOnlyError, Source
+from server.cli import env_bool, env_value
 
 PROG = "tessera"
 ENV_PREFIX = "TESSERA_CONSOLE_"

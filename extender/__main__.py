@@ -19,14 +19,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from cluster import logs, serving
-from cluster.cli import env_bool, env_value, one_line
+from cluster import logs
 from cluster.files import ObjectFileError
 from cluster.kube import KubeError
-from cluster.serving_settings import add_serving_flags
-from cluster.tls import CertReloader, TLSConfigError
 from extender.app import create_app
 from extender.settings import DEFAULT_LEVELS, ExtenderSettings
+from server import serving
+from server.cli import env_bool, env_value, one_line
+from server.serving_settings import add_serving_flags
+from server.tls import CertReloader, TLSConfigError
 
 log = logging.getLogger("extender")
 

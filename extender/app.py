@@ -13,7 +13,7 @@ them, and two binds can never both take one GPU: the second one's snapshot has t
 first one's assumption in it.
 
 Every verb's deadline is kube-scheduler's ``httpTimeout`` (``request_timeout_s``) from
-its request's first byte (``cluster.guard``): a request that is already too late once
+its request's first byte (``server.guard``): a request that is already too late once
 its body is read is answered 504 without a decision, since kube-scheduler has given up
 on it. For ``/bind`` that check comes before anything is planned or assumed, so a bind
 is refused whole or carried out whole, never dropped half done; kube-scheduler retries
@@ -45,7 +45,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from cluster import logs, serving
+from cluster import logs
 from cluster.cache import ClusterCache
 from cluster.clock import Clock, SystemClock
 from cluster.feed import CacheFeed, run_all
@@ -60,6 +60,7 @@ from extender.learning import LiveConfig, prepare_gang_shapes, relearn_pod_mix
 from extender.memo import DecisionCache
 from extender.metrics import ExtenderMetrics
 from extender.settings import ExtenderSettings
+from server import serving
 
 log = logging.getLogger(__name__)
 

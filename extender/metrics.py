@@ -20,8 +20,8 @@ from prometheus_client.registry import Collector
 
 from cluster.cache import CacheCounters
 from cluster.model import MILLI_PER_GPU, NodeName
-from cluster.serving import GcPauses, MetricChildren
 from extender.decide import FilterOutcome
+from server.serving import GcPauses, MetricChildren
 
 # kube-scheduler waits on /filter and /prioritize inside its scheduling loop: resolve the
 # sub-millisecond range; /bind adds an API round trip, hence the long tail.

@@ -24,8 +24,8 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from cluster import labels
-from cluster.serving_settings import MIB, ServingSettings
 from extender.config import ExtenderConfig, ScoringWeights, TopologyLevel
+from server.serving_settings import MIB, ServingSettings
 
 _WEIGHTS = ScoringWeights()
 _CONFIG = ExtenderConfig()

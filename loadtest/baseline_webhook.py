@@ -3,7 +3,7 @@
 Layer: ROOT (a server of its own: reads argv, serves TLS). ``python -m
 loadtest.baseline_webhook --port P --tls-cert F --tls-key F`` serves ``POST /mutate``
 with the same stack as ``python -m webhook`` (aiohttp on uvloop, orjson, the TLS context
-of ``cluster.tls``, no access log) but no policy: it decodes the review, takes its uid
+of ``server.tls``, no access log) but no policy: it decodes the review, takes its uid
 and answers with one fixed JSON Patch. Whatever the real webhook costs above this is the
 cost of its decisions; quoting the webhook as a ratio of this server, measured in the same
 run on the same core, keeps the figures meaningful on a shared, noisy machine. Must not
@@ -24,7 +24,7 @@ import uvloop
 from aiohttp import web
 
 from cluster import jsonio
-from cluster.tls import server_context
+from server.tls import server_context
 
 # About what the webhook writes for the captured Job, so that answers are of similar size:
 # suspend, the priority label, gang label and annotations, the scheduler and a time limit.

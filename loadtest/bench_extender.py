@@ -44,7 +44,7 @@ from typing import Any, Final
 
 import uvloop
 
-from cluster import heap, jsonio
+from cluster import jsonio
 from cluster import labels as keys
 from cluster.cache import ClusterCache
 from cluster.clock import Clock, SystemClock
@@ -57,6 +57,7 @@ from loadtest.bench_cache import BLOCK_LABEL, GPUS_PER_NODE, RACK_LABEL, write_f
 from loadtest.openloop import Http1Connection, RequestFailed, RunResult, Schedule, run_open_loop
 from loadtest.pinned import Pinned, fixed_work_seconds, free_port, proc_cpu_s, proc_memory
 from loadtest.stats import Histogram, Scraped, Summary, scrape_histogram
+from server import heap
 
 ZONE_LABEL: Final = "topology.tessera.dev/zone"
 BLOCKS_PER_ZONE: Final = 4

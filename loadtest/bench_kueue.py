@@ -56,7 +56,6 @@ import yaml
 
 from cluster import jsonio
 from cluster.clock import Clock
-from cluster.tls import client_context
 from loadtest.bench_webhook import (
     DEFAULT_CAPTURES,
     Server,
@@ -90,6 +89,7 @@ from loadtest.stack.controlplane import (
     find_kueue,
 )
 from loadtest.stats import Histogram
+from server.tls import client_context
 
 KUEUE_PATH: Final = "/mutate-batch-v1-job?timeout=5s"
 """Kueue's Job defaulting webhook, with the timeout kube-apiserver adds."""

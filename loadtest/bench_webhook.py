@@ -66,7 +66,6 @@ from cluster import jsonio
 from cluster import labels as keys
 from cluster.clock import Clock, SystemClock
 from cluster.files import load_objects
-from cluster.tls import client_context
 from loadtest.openloop import (
     Http1Connection,
     RequestFailed,
@@ -89,6 +88,7 @@ from loadtest.review_steps import (
     run_step,
     uid_prefix,
 )
+from server.tls import client_context
 from webhook.admit import admit
 from webhook.answers import ANSWERS_KEPT
 from webhook.patch import diff

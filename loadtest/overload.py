@@ -52,7 +52,6 @@ import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.clock import Clock, SystemClock
-from cluster.tls import client_context
 from loadtest.bench_extender import LEVELS, args_body, probe_pod, write_cluster
 from loadtest.bench_webhook import DEFAULT_CAPTURES as CAPTURES
 from loadtest.bench_webhook import (
@@ -75,6 +74,7 @@ from loadtest.review_steps import (
     uid_prefix,
     wait_ready,
 )
+from server.tls import client_context
 
 MB: Final = 1024 * 1024
 TARGET_MULTIPLE: Final = 3.0

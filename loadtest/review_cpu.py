@@ -10,7 +10,7 @@ Job's review under the policy ``bench-webhook`` generates (``--queues 1000``, ``
 ``renamed`` (a new name each: kept answers), ``distinct`` (a new annotation each: every
 answer computed) or ``unsuspended`` (distinct, without ``spec.suspend``). It prints the
 median, over ``--runs``, of the process CPU time per review, in microseconds, with the
-garbage collector managed as the server manages it (``cluster.heap``).
+garbage collector managed as the server manages it (``server.heap``).
 ``--profile N`` prints instead cProfile's top ``N`` functions of one run by own time.
 
 ``--against DIR`` compares with another checkout of the repository (``git archive main |
@@ -35,10 +35,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from cluster import heap, jsonio
+from cluster import jsonio
 from loadtest.bench_kueue import DISTINCT, unsuspended
 from loadtest.bench_webhook import DEFAULT_CAPTURES, load_captured_review, policy_objects
 from loadtest.review_steps import ReviewTemplate, uid_prefix
+from server import heap
 from webhook.policy_build import policy_from_objects
 from webhook.queues import Policy
 from webhook.review_flow import review
@@ -62,7 +63,7 @@ def bodies(variant: str, count: int, captures: Path, first: int = 0) -> list[byt
 
 def measure(args: argparse.Namespace) -> list[float]:
     """CPU seconds per review of each run, with the collector managed as the server
-    manages it (``cluster.heap``)."""
+    manages it (``server.heap``)."""
     policy = policy_from_objects(policy_objects(args.queues, args.seed))
     config = AdmitConfig()
     with heap.short_pauses():

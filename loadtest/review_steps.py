@@ -25,7 +25,6 @@ import uvloop
 
 from cluster import jsonio
 from cluster.clock import Clock, SystemClock
-from cluster.tls import client_context
 from loadtest.openloop import (
     Http1Connection,
     RequestFailed,
@@ -36,6 +35,7 @@ from loadtest.openloop import (
 )
 from loadtest.pinned import Pinned, proc_cpu_s, proc_memory, set_priority
 from loadtest.stats import Summary
+from server.tls import client_context
 
 MUTATE_PATH: Final = "/mutate?timeout=5s"
 SERVER_NAME: Final = "localhost"

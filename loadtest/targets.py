@@ -25,9 +25,9 @@ import aiohttp
 
 from cluster import jsonio
 from cluster.clock import Clock
-from cluster.tls import client_context
 from loadtest.bench_webhook import make_certs
 from loadtest.pinned import ROOT, free_port, proc_memory
+from server.tls import client_context
 
 
 class TargetError(Exception):

@@ -14,7 +14,7 @@ from certs.plan import make_plan
 from certs.renew import reconcile
 from certs.store import read_files, write_files
 from cluster.clock import SystemClock
-from cluster.tls import client_context
+from server.tls import client_context
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from typing import Any, Literal, Self
 from aiohttp import web
 
 from cluster import jsonio
-from cluster.tls import server_context
+from server.tls import server_context
 from tests.certfiles import make_material
 
 Obj = dict[str, Any]

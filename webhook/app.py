@@ -4,7 +4,7 @@ Layer: ROOT. ``create_app(settings, ...)`` builds everything into typed app keys
 handlers only read the body, call the pure ``review_flow`` and write its answer. Must not
 read the environment (``__main__`` does) or hold module-level state.
 
-Each review's deadline is the ``?timeout=`` kube-apiserver sends (``cluster.guard`` stamps
+Each review's deadline is the ``?timeout=`` kube-apiserver sends (``server.guard`` stamps
 it from the review's first byte): one that is already too late, before or after its body
 is read, is answered 504 at once instead of being decided. That is an error, never an
 ``allowed`` answer: kube-apiserver applies the webhook's ``failurePolicy``. The one GET
@@ -19,12 +19,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from aiohttp import web
 
-from cluster import jsonio, serving
+from cluster import jsonio
 from cluster.clock import Clock, SystemClock
-from cluster.deadline import asked_timeout
 from cluster.files import load_objects
-from cluster.guard import ConnectionGuard, TimeoutOf
 from cluster.kube import KubeClient, KubeConfig
+from server import serving
+from server.deadline import asked_timeout
+from server.guard import ConnectionGuard, TimeoutOf
 from webhook.metrics import WebhookMetrics
 from webhook.owners import ControllerUsers
 from webhook.review_flow import review

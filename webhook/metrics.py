@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from cluster.serving import GcPauses, MetricChildren
+from server.serving import GcPauses, MetricChildren
 from webhook.review_flow import ReviewOutcome
 
 # Admission is on every create's critical path: resolve well below a millisecond.

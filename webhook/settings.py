@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import ConfigDict, Field, model_validator
 
 from cluster import labels
-from cluster.serving_settings import MIB, ServingSettings
+from server.serving_settings import MIB, ServingSettings
 from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES
 
 MAX_TIMEOUT_S = 30.0

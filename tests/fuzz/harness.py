@@ -29,8 +29,9 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, settings
 
-from cluster import jsonio, serving
+from cluster import jsonio
 from cluster.clock import SystemClock
+from server import serving
 
 T = TypeVar("T")
 
@@ -289,7 +290,7 @@ class ServedApp:
         self._loop.close()
 
     async def _start(self) -> int:
-        # access_log=None: as ``cluster.serving.serve`` runs the servers
+        # access_log=None: as ``server.serving.serve`` runs the servers
         self._runner = web.AppRunner(self._make_app(), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self._tls)

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from cluster import jsonio
 from cluster.clock import ManualClock
-from cluster.tls import CertReloader, client_context
+from server.tls import CertReloader, client_context
 from tests.certfiles import make_material
 from tests.fuzz import strategies as hostile
 from tests.fuzz.harness import (

@@ -40,13 +40,13 @@ from cluster.convert import pod_from_json
 from cluster.feed import NODES_PATH, PODS_PATH
 from cluster.labels import GPU_INDICES
 from cluster.model import Allocation, NodeName, PodKey
-from cluster.serving import EXPOSITION, GUARD, metrics_app, running
-from cluster.tls import CertReloader, client_context
 from extender import wire
 from extender.app import CACHE, create_app
 from extender.binder import Binder, MemoryBinder
 from extender.settings import ExtenderSettings, parse_levels
 from loadtest.pinned import free_port
+from server.serving import EXPOSITION, GUARD, metrics_app, running
+from server.tls import CertReloader, client_context
 from tests.binders import FailingBinder, GatedBinder
 from tests.builders import RACK_LABEL, node_json, pod_json
 from tests.certfiles import MTLS_CLIENTS, Material, make_material

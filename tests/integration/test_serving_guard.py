@@ -27,10 +27,11 @@ from typing import Any
 
 import pytest
 
-from cluster import jsonio, serving
+from cluster import jsonio
 from cluster.clock import ManualClock
-from cluster.guard import ConnectionGuard
-from cluster.tls import CertReloader, client_context
+from server import serving
+from server.guard import ConnectionGuard
+from server.tls import CertReloader, client_context
 from tests.certfiles import Material, make_material
 from webhook.app import METRICS, create_app
 from webhook.settings import WebhookSettings
@@ -266,7 +267,7 @@ async def test_a_client_that_hangs_up_mid_body_is_one_warning_and_no_traceback(
             await server.until("the handler ended", lambda: server.guard.in_flight == 0)
         problems = [r for r in caplog.records if r.levelno >= logging.WARNING]
         assert [(r.name, r.getMessage()) for r in problems] == [
-            ("cluster.guard", "client went away before its request was answered")
+            ("server.guard", "client went away before its request was answered")
         ]
         assert not [r for r in caplog.records if r.exc_info]
 

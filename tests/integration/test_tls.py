@@ -25,9 +25,9 @@ from cryptography import x509
 from certs.issue import cert_pem, generate_key, issue_leaf, key_pem
 from certs.plan import make_plan, service_names
 from certs.store import write_atomic
-from cluster import serving
 from cluster.clock import SystemClock
-from cluster.tls import CertReloader, TLSConfigError, client_context, server_context
+from server import serving
+from server.tls import CertReloader, TLSConfigError, client_context, server_context
 from tests.certfiles import MTLS_CLIENTS, Material, make_material
 
 POLL = 0.02
@@ -343,7 +343,7 @@ async def test_a_broken_new_pair_is_logged_and_the_old_one_keeps_serving(
 
     async with serve(reloader.context) as port:
         volume.project(material["webhook.crt"].read_bytes(), stranger["webhook.key"].read_bytes())
-        with caplog.at_level(logging.WARNING, logger="cluster.tls"):
+        with caplog.at_level(logging.WARNING, logger="server.tls"):
             assert reloader.check() is False
         assert "still serving the previous one" in caplog.text
         assert (await peer_certificate(port, trust)) == good

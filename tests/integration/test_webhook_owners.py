@@ -26,7 +26,7 @@ from cluster.clock import ManualClock
 from cluster.files import load_objects
 from cluster.informer import Backoff
 from cluster.kube import METADATA_LIST_ACCEPT, METADATA_WATCH_ACCEPT, KubeClient, KubeConfig
-from cluster.tls import CertReloader, client_context
+from server.tls import CertReloader, client_context
 from tests.certfiles import Material, make_material
 from tests.fakeapi import FakeApiServer, write_kubeconfig
 from webhook.app import OWNERS, STORE, create_app

@@ -25,10 +25,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from cluster import jsonio, labels, serving
+from cluster import jsonio, labels
 from cluster.clock import ManualClock
-from cluster.tls import CertReloader, client_context
 from loadtest.pinned import free_port
+from server import serving
+from server.tls import CertReloader, client_context
 from tests.certfiles import Material, make_material
 from tests.processes import ServerProcess, server_main, wait_ready
 from webhook.app import create_app

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from cluster.cli import env_bool, env_name
+from server.cli import env_bool, env_name
 from webhook.__main__ import parse_settings
 from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.deadline import Deadline, asked_timeout, parse_go_duration
+from server.deadline import Deadline, asked_timeout, parse_go_duration
 
 VALID = [
     ("0", 0.0),

@@ -9,7 +9,7 @@ from datetime import datetime
 
 import pytest
 
-from cluster import heap
+from server import heap
 
 
 class Entry:

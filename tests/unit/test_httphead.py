@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.httphead import Head, HeadTooLarge, read_head
+from server.httphead import Head, HeadTooLarge, read_head
 
 LIMIT = 8192
 

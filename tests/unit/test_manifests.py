@@ -25,8 +25,8 @@ import yaml
 from certs.manifests import set_ca_bundle
 from certs.plan import make_plan
 from cluster import labels
-from cluster.deadline import parse_go_duration
 from extender.settings import ExtenderSettings
+from server.deadline import parse_go_duration
 from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES
 from webhook.settings import MAX_TIMEOUT_S, WebhookSettings
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from cluster import serving
+from server import serving
 
 
 async def test_background_work_that_fails_is_logged_while_the_server_runs(
@@ -25,7 +25,7 @@ async def test_background_work_that_fails_is_logged_while_the_server_runs(
 
     # logged at once, then raised again when the server shuts the block down
     with (
-        caplog.at_level(logging.ERROR, logger="cluster.serving"),
+        caplog.at_level(logging.ERROR, logger="server.serving"),
         pytest.raises(RuntimeError, match="lost its API server"),
     ):
         await serve_a_while()

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from cluster.serving_settings import MIB, Limits, ServingSettings
 from extender.__main__ import parse_settings as extender_settings
+from server.serving_settings import MIB, Limits, ServingSettings
 from webhook.__main__ import parse_settings as webhook_settings
 
 CERTS = ["--tls-cert", "w.crt", "--tls-key", "w.key"]

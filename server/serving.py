@@ -16,7 +16,7 @@ manifests open it to a scrape. The probes stay on the serving port, where the ku
 looks.
 
 Serving goes through ``running``: aiohttp's runner, with the listening socket made here
-so that each connection goes through the app's ``cluster.guard.ConnectionGuard``. On
+so that each connection goes through the app's ``server.guard.ConnectionGuard``. On
 SIGTERM the listener closes (no new connection), idle connections are closed, the
 requests under way have ``shutdown_grace_s`` to finish (then they are cancelled), and
 the process exits.
@@ -42,12 +42,13 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
-from cluster import heap, logs
+from cluster import logs
 from cluster.clock import Clock, SystemClock
 from cluster.echo import echo
-from cluster.guard import ConnectionGuard, TimeoutOf
-from cluster.serving_settings import Limits, ServingSettings
-from cluster.tls import CertReloader
+from server import heap
+from server.guard import ConnectionGuard, TimeoutOf
+from server.serving_settings import Limits, ServingSettings
+from server.tls import CertReloader
 
 log = logging.getLogger(__name__)
 
@@ -313,7 +314,7 @@ async def serve(
     they change) and its metrics (when ``settings.metrics_port`` is set) until SIGTERM,
     then drain (``running``) and return."""
     # What is loaded by now (a cluster file, imported modules) lives as long as the
-    # process, and the caches' objects survive many collections: see cluster.heap.
+    # process, and the caches' objects survive many collections: see server.heap.
     with heap.short_pauses(record=app.get(GC_PAUSES)):
         context = reloader.context if reloader is not None else None
         guard = app.get(GUARD)

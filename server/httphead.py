@@ -1,6 +1,6 @@
 """Where an HTTP/1.1 request's head ends and how long its body is, read strictly.
 
-Layer: PURE. Bytes in, a ``Head`` out: no I/O, no clock, no aiohttp. ``cluster.guard``
+Layer: PURE. Bytes in, a ``Head`` out: no I/O, no clock, no aiohttp. ``server.guard``
 reads each request's head with it before the server's own parser (aiohttp's llhttp) sees
 the request, to time the head, to count the body against the buffer budget and, when the
 server is overloaded, to answer at once without handing the request on.

@@ -3,7 +3,7 @@ work in flight, the metrics listener and the shutdown grace.
 
 Layer: EDGE. A pydantic base model each server's settings extend (overriding the
 defaults that differ), its flags for ``__main__``, and ``limits()``: the frozen
-``Limits`` that ``cluster.guard`` reads. Must not read the environment.
+``Limits`` that ``server.guard`` reads. Must not read the environment.
 """
 
 from __future__ import annotations

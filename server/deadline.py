@@ -1,7 +1,7 @@
 """A request's deadline: the timeout its client asked for, from when it arrived.
 
 Layer: PURE. Arithmetic on numbers the I/O layer measured: no clock, no asyncio, no
-aiohttp. The servers' shell stamps when a request's first byte arrived (``cluster.guard``)
+aiohttp. The servers' shell stamps when a request's first byte arrived (``server.guard``)
 and asks here whether an answer could still be on time.
 
 kube-apiserver tells a webhook how long it will wait: ``POST /mutate?timeout=5s``, the

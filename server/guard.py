@@ -2,8 +2,8 @@
 request bodies being received, and fast answers instead of late ones.
 
 Layer: I/O (transports, timers, aiohttp's middleware). Must not decide anything about a
-request's content: the pure parts are ``cluster.httphead`` (where a head ends) and
-``cluster.deadline`` (when an answer is too late); the servers say how long their
+request's content: the pure parts are ``server.httphead`` (where a head ends) and
+``server.deadline`` (when an answer is too late); the servers say how long their
 clients wait (``TimeoutOf``) and what a late request is answered (through
 ``answer_if_late``).
 
@@ -48,7 +48,7 @@ up to ten times, adding load exactly when a server sheds it. Without it kube-api
 applies the webhook's ``failurePolicy`` at once (``Fail``: the request is rejected, and
 says why); kube-scheduler fails the scheduling cycle and retries the pod later.
 
-Only heads ``cluster.httphead`` frames strictly are answered here; another head is handed
+Only heads ``server.httphead`` frames strictly are answered here; another head is handed
 to aiohttp whole and its connection closed after it (``Connection: close`` on the
 response), so that the two parsers never have to agree on it.
 
@@ -72,9 +72,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from cluster import jsonio, logs
 from cluster.clock import Clock
-from cluster.deadline import Deadline
-from cluster.httphead import Head, HeadTooLarge, read_head
-from cluster.serving_settings import Limits
+from server.deadline import Deadline
+from server.httphead import Head, HeadTooLarge, read_head
+from server.serving_settings import Limits
 
 log = logging.getLogger(__name__)
 
