@@ -252,6 +252,21 @@ def parse_topology(value: str) -> TopologyConstraint:
     return TopologyConstraint(mode=mode, level=level)
 
 
+def parse_topology_levels(text: str) -> tuple[tuple[str, str], ...]:
+    """``block=example.com/block,rack=example.com/rack`` → ((name, node label), ...), widest
+    level first: the extender's ``--topology-levels`` format, read the same way wherever
+    it is taken; ``ValueError`` naming the bad item. Empty text gives no levels."""
+    levels: list[tuple[str, str]] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, label = (s.strip() for s in item.partition("="))
+        if not sep or not name or not label:
+            raise ValueError(f"topology level {item!r} is not <name>=<node label>")
+        levels.append((name, label))
+    return tuple(levels)
+
+
 def parse_rfc3339(value: str) -> datetime:
     """An RFC 3339 timestamp (``2026-12-01T02:00:00Z``) as a timezone-aware datetime.
 

@@ -16,7 +16,12 @@ import yaml
 
 from cluster import jsonio
 from cluster.clock import Clock
-from cluster.convert import ConversionError, format_rfc3339, node_from_json
+from cluster.convert import (
+    ConversionError,
+    format_rfc3339,
+    node_from_json,
+    parse_topology_levels,
+)
 from cluster.kube import KubeError
 from cluster.model import NodeState
 from console import annotate, render
@@ -26,7 +31,6 @@ from console.nodes import (
     NodesReport,
     node_gpus,
     nodes_report,
-    parse_levels,
     policy_levels,
 )
 from console.queues import queues_report, read_workloads
@@ -85,7 +89,7 @@ async def nodes(
     objects = await source.objects(("Node", "Pod", *KUEUE_KINDS))
     policy = policy_from_objects(o for o in objects if o["kind"] in KUEUE_KINDS)
     try:
-        chosen: Sequence[Level] = parse_levels(levels) if levels else policy_levels(policy)
+        chosen: Sequence[Level] = parse_topology_levels(levels) if levels else policy_levels(policy)
     except ValueError as exc:
         raise ConsoleError(f"--topology-levels: {exc}") from None
     snapshot, problems = build_snapshot(objects, [label for _, label in chosen], clock)

@@ -349,20 +349,6 @@ def node_gpus(snapshot: Snapshot, name: str) -> tuple[GpuRow, ...] | None:
 # ---------------------------------------------------------------- topology levels
 
 
-def parse_levels(text: str) -> tuple[Level, ...]:
-    """``block=example.com/block,rack=example.com/rack`` → ((name, node label), ...), the
-    extender's ``--topology-levels`` format; ``ValueError`` naming the bad item."""
-    levels: list[Level] = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        name, sep, label = (s.strip() for s in item.partition("="))
-        if not sep or not name or not label:
-            raise ValueError(f"topology level {item!r} is not <name>=<node label>")
-        levels.append((name, label))
-    return tuple(levels)
-
-
 def policy_levels(policy: Policy) -> tuple[Level, ...]:
     """The levels of the Kueue Topology objects, widest first, each once (Topologies in
     name order), named by their short names; the hostname level when there is none."""

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from cluster import labels
+from cluster.convert import parse_topology_levels
 from extender.config import ExtenderConfig, ScoringWeights, TopologyLevel
 from server.serving_settings import MIB, ServingSettings
 
@@ -38,18 +39,11 @@ UNBOUNDED_WATCH_S = 300
 
 def parse_levels(text: str) -> tuple[tuple[str, str], ...]:
     """``block=example.com/block,rack=example.com/rack`` → ((name, node label), ...),
-    widest level first; ``ValueError`` naming the bad item."""
-    levels: list[tuple[str, str]] = []
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        name, sep, label = (s.strip() for s in item.partition("="))
-        if not sep or not name or not label:
-            raise ValueError(f"topology level {item!r} is not <name>=<node label>")
-        levels.append((name, label))
+    widest level first; ``ValueError`` naming the bad item, or when there is none."""
+    levels = parse_topology_levels(text)
     if not levels:
         raise ValueError("at least one topology level is needed (e.g. hostname=...)")
-    return tuple(levels)
+    return levels
 
 
 def is_loopback(host: str) -> bool:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from loadtest.report import summarize
+from loadtest.report import page_head, summarize
 from loadtest.svg import Series, cdf_points, line_chart
 
 GANG = "gang"
@@ -478,18 +478,7 @@ def html_page(run: RealRun, data: Mapping[str, Any], title: str) -> str:
         for d in data["denials"]
     )
     problems = "".join(f"<li>{escape(p)}</li>" for p in data["double_booked"])
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>
-<style>
-body {{ font-family: sans-serif; margin: 24px; color: #222; max-width: 1340px; }}
-h1 {{ font-size: 22px; }} h2 {{ font-size: 17px; margin-top: 28px; }}
-table {{ border-collapse: collapse; margin: 8px 0; }}
-td, th {{ border: 1px solid #ccc; padding: 4px 10px; text-align: right; }}
-td:first-child {{ text-align: left; }}
-th {{ background: #f4f4f4; text-align: left; }}
-.grid {{ display: flex; flex-wrap: wrap; gap: 16px; }}
-.grid svg {{ border: 1px solid #ddd; }}
-</style></head><body>
+    return f"""{page_head(title)}
 <h1>{escape(title)}</h1>
 <p>{escape(MODE_NAMES.get(run.topology, run.topology))}. {run.nodes} fake nodes,
 {run.gpus_total} GPUs; real kube-apiserver, Kueue, kube-scheduler with Tessera's extender.</p>

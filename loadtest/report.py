@@ -352,6 +352,29 @@ def summary_lines(result: SimResult, data: Mapping[str, Any], placements: int = 
 # ---------------------------------------------------------------- HTML
 
 
+PAGE_STYLE = """\
+body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1340px; }
+h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; }
+table { border-collapse: collapse; margin: 8px 0; }
+td, th { border: 1px solid #ccc; padding: 4px 10px; text-align: right; }
+td:first-child { text-align: left; }
+th { background: #f4f4f4; text-align: left; }
+.facts td { text-align: left; }
+.grid { display: flex; flex-wrap: wrap; gap: 16px; }
+.grid svg { border: 1px solid #ddd; }
+li { margin: 4px 0; }
+"""
+"""The look every report shares (the demo's, the real demo's)."""
+
+
+def page_head(title: str) -> str:
+    """An HTML page up to the end of ``<body>``'s opening tag, in the reports' look."""
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title>\n<style>\n{PAGE_STYLE}</style></head><body>"
+    )
+
+
 def html_page(result: SimResult, data: Mapping[str, Any], title: str) -> str:
     quota = float(data.get("meta", {}).get("quota_nominal_gpus", 0))
     lat = result.latencies
@@ -495,20 +518,7 @@ def html_page(result: SimResult, data: Mapping[str, Any], title: str) -> str:
         ("Checks", "all passed" if c["ok"] else f"FAILED: {escape(str(c))}"),
     ]
     fact_rows = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in facts)
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>
-<style>
-body {{ font-family: sans-serif; margin: 24px; color: #222; max-width: 1340px; }}
-h1 {{ font-size: 22px; }} h2 {{ font-size: 17px; margin-top: 28px; }}
-table {{ border-collapse: collapse; margin: 8px 0; }}
-td, th {{ border: 1px solid #ccc; padding: 4px 10px; text-align: right; }}
-td:first-child {{ text-align: left; }}
-th {{ background: #f4f4f4; text-align: left; }}
-.facts td {{ text-align: left; }}
-.grid {{ display: flex; flex-wrap: wrap; gap: 16px; }}
-.grid svg {{ border: 1px solid #ddd; }}
-li {{ margin: 4px 0; }}
-</style></head><body>
+    return f"""{page_head(title)}
 <h1>{escape(title)}</h1>
 <table class="facts">{fact_rows}</table>
 <h2>Latency in the cluster run (ms; nearest-rank percentiles)</h2>

@@ -10,9 +10,9 @@ import pytest
 
 from cluster import labels
 from cluster.clock import ManualClock
-from cluster.convert import node_from_json, parse_rfc3339
+from cluster.convert import node_from_json, parse_rfc3339, parse_topology_levels
 from console import annotate
-from console.nodes import node_gpus, nodes_report, parse_levels, policy_levels
+from console.nodes import node_gpus, nodes_report, policy_levels
 from console.queues import percentile, queues_report, read_workloads
 from console.source import build_snapshot
 from tests.builders import (
@@ -157,9 +157,9 @@ def test_one_node_gpu_by_gpu_names_the_pods_holding_each() -> None:
 
 
 def test_levels_come_from_the_flag_or_else_the_kueue_topologies() -> None:
-    assert parse_levels("block=a/b, rack=a/r") == (("block", "a/b"), ("rack", "a/r"))
+    assert parse_topology_levels("block=a/b, rack=a/r") == (("block", "a/b"), ("rack", "a/r"))
     with pytest.raises(ValueError, match="'rack' is not"):
-        parse_levels("rack")
+        parse_topology_levels("rack")
     policy = policy_from_objects([topology_obj("t", [BLOCK_LABEL, RACK_LABEL, labels.HOSTNAME])])
     assert policy_levels(policy) == (
         ("topology-block", BLOCK_LABEL),
