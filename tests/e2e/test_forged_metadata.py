@@ -22,7 +22,7 @@ from cluster import labels
 from loadtest.stack.cluster import E2ECluster, Placement, gpu_conflicts
 from loadtest.stack.fleet import GANG_POOL
 from loadtest.stack.install import Identity
-from loadtest.stack.jobs import IMAGE, NAMESPACE, gpu_job, to_yaml
+from loadtest.stack.jobs import IMAGE, NAMESPACE, OTHER_NAMESPACE, gpu_job, to_yaml
 from loadtest.stack.kubeapi import ApiError, KubeApi, WaitTimeoutError
 
 pytestmark = pytest.mark.e2e
@@ -117,7 +117,6 @@ def test_an_editor_rewriting_gpu_indices_does_not_free_the_gpus_the_pod_was_give
         )
 
 
-OTHER_NAMESPACE: Final = "e2e-other"
 """Another team's namespace: no queue, and not one the webhook manages (its default)."""
 VICTIM: Final = "victim"
 
@@ -160,7 +159,6 @@ def _victim_placed(e2e: E2ECluster) -> list[Placement]:
 
 
 def test_the_webhook_refuses_a_pod_naming_another_namespaces_gang(e2e: E2ECluster) -> None:
-    e2e.kubectl("create", "namespace", OTHER_NAMESPACE, check=False)
     with pytest.raises(ApiError) as refused:
         e2e.api.create(
             f"/api/v1/namespaces/{OTHER_NAMESPACE}/pods",
