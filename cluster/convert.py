@@ -48,15 +48,19 @@ from cluster import labels as keys
 from cluster.echo import echo
 from cluster.model import (
     MILLI_PER_GPU,
+    UNCONSTRAINED,
     GangId,
     GangSpec,
     GpuDevice,
     NodeName,
+    NodeRequirement,
+    NodeSelection,
     NodeState,
     PodDemand,
     PodInfo,
     PodPhase,
     Taint,
+    Toleration,
     TopologyConstraint,
     TopologyMode,
     pod_key,
@@ -827,6 +831,12 @@ def pod_from_json(obj: Mapping[str, Any]) -> PodInfo:
         demand = replace(demand, gang=None)
 
     node = spec.get("nodeName")
+    if demand.uses_gpu and not node:
+        # where the pod may go matters only until it is bound: kept for pending pods
+        selection = node_selection(spec, problems)
+        demand = replace(
+            demand, selection=UNCONSTRAINED if selection == UNCONSTRAINED else selection
+        )
     uid = metadata.get("uid")
     scheduler = spec.get("schedulerName")
     # a node's name and the scheduler's are shared by many pods: one string each, not
@@ -843,6 +853,60 @@ def pod_from_json(obj: Mapping[str, Any]) -> PodInfo:
         problems=tuple(problems),
         refusal="; ".join(reading.refusals),
     )
+
+
+_OPERATORS: Final = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+
+
+def node_selection(spec: Mapping[str, Any], problems: list[str]) -> NodeSelection:
+    """A pod spec's ``nodeSelector``, required node affinity and tolerations. What cannot
+    be read is left out with a problem noted: the extender then counts more nodes as
+    possible for the pod, never fewer, and kube-scheduler still filters them."""
+    required = tuple(
+        NodeRequirement(key, "In", (value,))
+        for key, value in sorted(_mapping(spec, "nodeSelector").items())
+        if isinstance(key, str) and isinstance(value, str)
+    )
+    affinity = _mapping(_mapping(spec, "affinity"), "nodeAffinity")
+    chosen = _mapping(affinity, "requiredDuringSchedulingIgnoredDuringExecution")
+    terms: tuple[tuple[NodeRequirement, ...], ...] | None = None
+    raw_terms = _sequence(chosen, "nodeSelectorTerms")
+    if raw_terms:
+        read = [_term(term, problems) for term in raw_terms if isinstance(term, Mapping)]
+        terms = None if any(term is None for term in read) else tuple(filter(None, read))
+    tolerations = tuple(
+        Toleration(
+            key=str(raw.get("key") or ""),
+            operator=str(raw.get("operator") or "Equal"),
+            value=str(raw.get("value") or ""),
+            effect=str(raw.get("effect") or ""),
+        )
+        for raw in _sequence(spec, "tolerations")
+        if isinstance(raw, Mapping)
+    )
+    return NodeSelection(required, terms, tolerations)
+
+
+def _term(term: Mapping[str, Any], problems: list[str]) -> tuple[NodeRequirement, ...] | None:
+    """One ``nodeSelectorTerm``; None when an item cannot be read (the whole affinity is
+    then left to kube-scheduler)."""
+    items: list[NodeRequirement] = []
+    for part, is_field in (("matchExpressions", False), ("matchFields", True)):
+        for raw in _sequence(term, part):
+            key = raw.get("key") if isinstance(raw, Mapping) else None
+            operator = raw.get("operator") if isinstance(raw, Mapping) else None
+            values = raw.get("values") if isinstance(raw, Mapping) else None
+            if (
+                not isinstance(key, str)
+                or operator not in _OPERATORS
+                or not isinstance(values, list | None)
+            ):
+                problems.append(f"node affinity item {echo(raw)} cannot be read; ignored")
+                return None
+            items.append(
+                NodeRequirement(key, operator, tuple(str(v) for v in values or ()), is_field)
+            )
+    return tuple(items)
 
 
 def _gpu_indices(

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import Enum
-from typing import NewType
+from typing import Final, NewType
 
 NodeName = NewType("NodeName", str)
 PodKey = NewType("PodKey", str)
@@ -63,6 +63,44 @@ class Taint:
     key: str
     value: str
     effect: str  # NoSchedule | PreferNoSchedule | NoExecute
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRequirement:
+    """One ``matchExpressions`` (or ``matchFields``) item of a pod's required node
+    affinity; a ``nodeSelector`` entry is ``key In (value)``."""
+
+    key: str
+    operator: str  # In | NotIn | Exists | DoesNotExist | Gt | Lt
+    values: tuple[str, ...] = ()
+    field: bool = False
+    """A ``matchFields`` item: ``key`` names a field of the Node (``metadata.name``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"  # Equal | Exists
+    value: str = ""
+    effect: str = ""  # empty: every effect
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelection:
+    """Which nodes a pod may go to by their labels and taints, as kube-scheduler's
+    in-tree filters judge it: ``spec.nodeSelector`` (all of ``required``), the required
+    node affinity (one of ``terms``, when there are any) and ``spec.tolerations``.
+    kube-scheduler only hands the extender nodes that pass these; the extender reads them
+    to count where a gang's *other* members could go."""
+
+    required: tuple[NodeRequirement, ...] = ()
+    terms: tuple[tuple[NodeRequirement, ...], ...] | None = None
+    """None: no required node affinity; else a node must match one term."""
+    tolerations: tuple[Toleration, ...] = ()
+
+
+UNCONSTRAINED: Final = NodeSelection()
+"""A pod with no node selector, no required node affinity and no toleration."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +202,9 @@ class PodDemand:
     topology: TopologyConstraint | None = None
     time_limit_s: int | None = None
     products: tuple[str, ...] = ()
+    selection: NodeSelection | None = None
+    """Where the pod may go by node labels and taints; None: not known (read only for
+    pods that wait to be placed)."""
 
     @property
     def uses_gpu(self) -> bool:

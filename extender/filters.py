@@ -21,7 +21,13 @@ from datetime import UTC, datetime
 from typing import Final, TypeAlias
 
 from cluster.labels import GPU_RESOURCE
-from cluster.model import NodeState, product_matches
+from cluster.model import (
+    NodeRequirement,
+    NodeState,
+    Taint,
+    Toleration,
+    product_matches,
+)
 from extender.config import TopologyLevel
 from extender.context import FIT, GangView, PodContext, Unfit, Verdict
 from extender.gpus import islands, one_island, pod_fits
@@ -38,6 +44,64 @@ def filter_schedulable(ctx: PodContext, node: NodeState) -> Verdict:
     if node.unschedulable:
         return Unfit("node is cordoned (spec.unschedulable)", resolvable=False)
     return FIT
+
+
+def filter_node_selection(ctx: PodContext, node: NodeState) -> Verdict:
+    """The node's labels and taints let the pod in, as kube-scheduler's in-tree filters
+    judge them (``nodeSelector``, required node affinity, tolerations). Not one of
+    ``FILTERS``: kube-scheduler sends only nodes that pass these. It is one of the
+    ``ROOM_FILTERS``: a gang's room is counted only on nodes its members may use, not on
+    a rack's nodes of another flavor (or pool, or taint)."""
+    selection = ctx.demand.selection
+    if selection is None:
+        return FIT
+    if not all(_meets(node, r) for r in selection.required) or (
+        selection.terms is not None
+        and not any(all(_meets(node, r) for r in term) for term in selection.terms)
+    ):
+        return Unfit(
+            "node does not match the pod's node selector or required node affinity",
+            resolvable=False,
+        )
+    for taint in node.taints:
+        if taint.effect in ("NoSchedule", "NoExecute") and not any(
+            _tolerates(t, taint) for t in selection.tolerations
+        ):
+            return Unfit(
+                f"node has taint {taint.key}={taint.value}:{taint.effect}, which the pod "
+                "does not tolerate",
+                resolvable=False,
+            )
+    return FIT
+
+
+def _meets(node: NodeState, requirement: NodeRequirement) -> bool:
+    if requirement.field:
+        value: str | None = node.name if requirement.key == "metadata.name" else None
+    else:
+        value = node.labels.get(requirement.key)
+    operator, values = requirement.operator, requirement.values
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    try:  # Gt, Lt: one integer on each side
+        here, there = int(value or ""), int(values[0])
+    except (ValueError, IndexError):
+        return False
+    return here > there if operator == "Gt" else here < there
+
+
+def _tolerates(toleration: Toleration, taint: Taint) -> bool:
+    if toleration.effect and toleration.effect != taint.effect:
+        return False
+    if toleration.operator == "Exists":
+        return not toleration.key or toleration.key == taint.key
+    return toleration.key == taint.key and toleration.value == taint.value
 
 
 def filter_product(ctx: PodContext, node: NodeState) -> Verdict:
@@ -260,9 +324,14 @@ NODE_FILTERS: Final[tuple[Filter, ...]] = (filter_schedulable, filter_product, f
 """Filters that read only the node and the pod's shape (``memo.ShapeKey``), never the
 time or a gang: judged as one group, kept by node and by node state."""
 
-ROOM_FILTERS: Final[tuple[Filter, ...]] = (filter_schedulable, filter_product)
+ROOM_FILTERS: Final[tuple[Filter, ...]] = (
+    filter_schedulable,
+    filter_product,
+    filter_node_selection,
+)
 """The filters a node must pass to count towards a gang's room at all: the room counts
-what its GPUs hold, so the GPU filter is the count itself."""
+what its GPUs hold, so the GPU filter is the count itself; and, since the room counts
+nodes kube-scheduler has not filtered, the node selection it would apply."""
 
 GANG_FILTERS: Final[tuple[Filter, ...]] = (filter_gang_domain, filter_gang_room)
 """Filters that pass every node unless the pod's gang refuses nodes
@@ -327,9 +396,13 @@ def node_verdicts(ctx: PodContext, node: NodeState) -> tuple[Verdict, ...]:
 
 
 def passes(ctx: PodContext, node: NodeState, checks: tuple[Filter, ...]) -> bool:
-    """Whether ``node`` passes every one of ``checks``, all of them ``NODE_FILTERS``."""
+    """Whether ``node`` passes every one of ``checks``: the ``NODE_FILTERS`` among them
+    from ``node_verdicts``, any other run on its own."""
     own = node_verdicts(ctx, node)
-    return all(own[_IN_GROUP[check]] is FIT for check in checks)
+    return all(
+        (own[_IN_GROUP[check]] if check in _IN_GROUP else check(ctx, node)) is FIT
+        for check in checks
+    )
 
 
 # ---------------------------------------------------------------- words

@@ -117,7 +117,7 @@ def _rooms(snapshot: Snapshot, ctx: PodContext, label: str) -> DomainRooms:
     prioritize and bind share, and from one snapshot to the next. Draining nodes are
     kept aside: whether they may take the pod depends on the time.
     """
-    tally = _room_tally(snapshot, ctx, RoomKey(ctx.shape, label))
+    tally = _room_tally(snapshot, ctx, RoomKey(ctx.shape, label, ctx.demand.selection))
     free, total = tally.free, tally.total
     draining: dict[NodeName, int] = {}
     for node, (value, fits, empty) in tally.draining.values():
@@ -156,7 +156,7 @@ def prepare_gang_shape(
     if level is None:
         return False
     ctx = PodContext(pod=PodKey(""), demand=demand, now=now, config=memo.config, memo=memo)
-    _room_tally(snapshot, ctx, RoomKey(ctx.shape, level.node_label))
+    _room_tally(snapshot, ctx, RoomKey(ctx.shape, level.node_label, ctx.demand.selection))
     return True
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Final, TypeVar
 
-from cluster.model import NodeName, NodeState
+from cluster.model import NodeName, NodeSelection, NodeState
 from cluster.snapshot import NodeChangeLog, Snapshot
 from extender.config import ExtenderConfig
 
@@ -85,10 +85,12 @@ class ScoreShape:
 
 @dataclass(frozen=True, slots=True)
 class RoomKey:
-    """A gang's room count per domain at a node label, for members of ``shape``."""
+    """A gang's room count per domain at a node label, for members of ``shape`` that may
+    go where ``selection`` lets them (``filter_node_selection``)."""
 
     shape: ShapeKey
     label: str
+    selection: NodeSelection | None = None
 
 
 _GPU_STATE: Final = attrgetter("index", "island", "healthy", "free_milli")

@@ -30,11 +30,15 @@ from cluster.convert import (
     read_demand,
 )
 from cluster.model import (
+    UNCONSTRAINED,
     GangId,
     GangSpec,
+    NodeRequirement,
+    NodeSelection,
     PodDemand,
     PodPhase,
     Taint,
+    Toleration,
     TopologyConstraint,
     TopologyMode,
 )
@@ -942,3 +946,66 @@ def test_pod_conversion_never_raises_and_keeps_the_demand_invariant(
     assert 0 <= demand.gpu_milli < 1000
     if demand.gang is not None:
         assert 1 <= demand.gang.min_count <= demand.gang.size
+
+
+# ---------------------------------------------------------------- node selection
+
+
+def _with_spec(pod: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    pod["spec"].update(spec)
+    return pod
+
+
+def test_a_pending_gpu_pod_says_where_it_may_go() -> None:
+    obj = _with_spec(
+        pod_json(gpus=8),
+        nodeSelector={"flavor": "spot"},
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "NotIn", "values": ["x"]}
+                            ]
+                        },
+                    ]
+                }
+            }
+        },
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    )
+    assert pod_from_json(obj).demand.selection == NodeSelection(
+        required=(NodeRequirement("flavor", "In", ("spot",)),),
+        terms=(
+            (NodeRequirement("pool", "In", ("a",)),),
+            (NodeRequirement("metadata.name", "NotIn", ("x",), field=True),),
+        ),
+        tolerations=(Toleration("nvidia.com/gpu", "Exists", "", "NoSchedule"),),
+    )
+
+
+def test_where_a_pod_may_go_is_kept_only_while_it_waits() -> None:
+    assert pod_from_json(_with_spec(pod_json(gpus=1), tolerations=[])).demand.selection is (
+        UNCONSTRAINED
+    )
+    assert pod_from_json(pod_json(gpus=1, node="n1")).demand.selection is None
+    assert pod_from_json(pod_json(cpu="1")).demand.selection is None
+
+
+def test_an_unreadable_affinity_is_left_to_kube_scheduler_with_a_problem() -> None:
+    obj = _with_spec(
+        pod_json(gpus=1),
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "Near"}]}]
+                }
+            }
+        },
+    )
+    pod = pod_from_json(obj)
+    assert pod.demand.selection is not None
+    assert pod.demand.selection.terms is None
+    assert any("node affinity item" in p for p in pod.problems)

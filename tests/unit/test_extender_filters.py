@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.model import NodeState, PodDemand
+from cluster.model import (
+    NodeRequirement,
+    NodeSelection,
+    NodeState,
+    PodDemand,
+    Taint,
+    Toleration,
+)
 from extender.config import ExtenderConfig
 from extender.context import FIT, Unfit, Verdict
 from extender.decide import filter_nodes
@@ -20,6 +27,7 @@ from extender.filters import (
     filter_gang_room,
     filter_gpus,
     filter_maintenance,
+    filter_node_selection,
     filter_product,
     filter_schedulable,
     run_filters,
@@ -419,6 +427,164 @@ def test_gang_room_skips_nodes_the_pod_could_never_use() -> None:
     assert verdict == unfit(
         "the node's rack has room for 2 members of gang ns.job now, it needs 4 together", False
     )
+
+
+# ---------------------------------------------------------------- node selection
+
+SPOT = NodeRequirement("flavor", "In", ("spot",))
+NO_MATCH = unfit("node does not match the pod's node selector or required node affinity", False)
+
+
+def selecting(selection: NodeSelection | None, gpus: int = 1) -> PodDemand:
+    return replace(demand(gpus), selection=selection)
+
+
+def labelled(labels: dict[str, str], name: str = "n1", taints: tuple[Taint, ...] = ()) -> NodeState:
+    return replace(node(".... ....", name), labels=labels, taints=taints)
+
+
+GPU_TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
+
+
+@pytest.mark.parametrize(
+    ("selection", "state", "expected"),
+    [
+        pytest.param(None, labelled({}, taints=(GPU_TAINT,)), FIT, id="not-known"),
+        pytest.param(
+            NodeSelection(),
+            labelled({}, taints=(GPU_TAINT,)),
+            unfit(
+                "node has taint nvidia.com/gpu=present:NoSchedule, which the pod does not tolerate",
+                False,
+            ),
+            id="no-toleration",
+        ),
+        pytest.param(NodeSelection((SPOT,)), labelled({"flavor": "spot"}), FIT, id="selector"),
+        pytest.param(
+            NodeSelection((SPOT,)), labelled({"flavor": "reserved"}), NO_MATCH, id="selector-off"
+        ),
+        pytest.param(NodeSelection((SPOT,)), labelled({}), NO_MATCH, id="selector-unlabelled"),
+        pytest.param(
+            NodeSelection(terms=((NodeRequirement("flavor", "NotIn", ("spot",)),),)),
+            labelled({}),
+            FIT,
+            id="not-in-absent-label",
+        ),
+        pytest.param(
+            NodeSelection(terms=((SPOT,), (NodeRequirement("flavor", "In", ("reserved",)),))),
+            labelled({"flavor": "reserved"}),
+            FIT,
+            id="one-term-of-two",
+        ),
+        pytest.param(
+            NodeSelection(terms=((SPOT, NodeRequirement("zone", "Exists")),)),
+            labelled({"flavor": "spot"}),
+            NO_MATCH,
+            id="a-term-needs-all-its-items",
+        ),
+        pytest.param(
+            NodeSelection(terms=((NodeRequirement("gen", "Gt", ("3",)),),)),
+            labelled({"gen": "4"}),
+            FIT,
+            id="gt",
+        ),
+        pytest.param(
+            NodeSelection(terms=((NodeRequirement("gen", "Lt", ("3",)),),)),
+            labelled({"gen": "x"}),
+            NO_MATCH,
+            id="lt-not-a-number",
+        ),
+        pytest.param(
+            NodeSelection(terms=((NodeRequirement("gpu-off", "DoesNotExist"),),)),
+            labelled({"gpu-off": ""}),
+            NO_MATCH,
+            id="does-not-exist",
+        ),
+        pytest.param(
+            NodeSelection(terms=((NodeRequirement("metadata.name", "In", ("n1",), field=True),),)),
+            labelled({}),
+            FIT,
+            id="match-fields-name",
+        ),
+        pytest.param(NodeSelection(terms=()), labelled({}), NO_MATCH, id="no-term-matches-none"),
+        pytest.param(
+            NodeSelection((SPOT,)),
+            labelled({"flavor": "spot"}, taints=(GPU_TAINT,)),
+            unfit(
+                "node has taint nvidia.com/gpu=present:NoSchedule, which the pod does not tolerate",
+                False,
+            ),
+            id="untolerated-taint",
+        ),
+        pytest.param(
+            NodeSelection((SPOT,), tolerations=(Toleration("nvidia.com/gpu", "Exists"),)),
+            labelled({"flavor": "spot"}, taints=(GPU_TAINT,)),
+            FIT,
+            id="tolerated-by-key",
+        ),
+        pytest.param(
+            NodeSelection((SPOT,), tolerations=(Toleration(operator="Exists"),)),
+            labelled({"flavor": "spot"}, taints=(GPU_TAINT,)),
+            FIT,
+            id="tolerates-everything",
+        ),
+        pytest.param(
+            NodeSelection(
+                (SPOT,), tolerations=(Toleration("nvidia.com/gpu", "Equal", "other", ""),)
+            ),
+            labelled({"flavor": "spot"}, taints=(GPU_TAINT,)),
+            unfit(
+                "node has taint nvidia.com/gpu=present:NoSchedule, which the pod does not tolerate",
+                False,
+            ),
+            id="value-differs",
+        ),
+        pytest.param(
+            NodeSelection(
+                (SPOT,), tolerations=(Toleration("nvidia.com/gpu", "Exists", "", "NoExecute"),)
+            ),
+            labelled({"flavor": "spot"}, taints=(GPU_TAINT,)),
+            unfit(
+                "node has taint nvidia.com/gpu=present:NoSchedule, which the pod does not tolerate",
+                False,
+            ),
+            id="effect-differs",
+        ),
+        pytest.param(
+            NodeSelection((SPOT,)),
+            labelled({"flavor": "spot"}, taints=(Taint("soft", "", "PreferNoSchedule"),)),
+            FIT,
+            id="prefer-no-schedule-is-no-bar",
+        ),
+    ],
+)
+def test_filter_node_selection(
+    selection: NodeSelection | None, state: NodeState, expected: Verdict
+) -> None:
+    assert filter_node_selection(context(selecting(selection)), state) == expected
+
+
+def test_gang_room_counts_only_nodes_of_the_members_flavor() -> None:
+    """Two flavors share rack r1: its one spot node cannot be the first of a spot gang of
+    two whole-node members, though the rack's reserved node has room; rack r2 can."""
+
+    def flavored(name: str, rack: str, flavor: str) -> NodeState:
+        return replace(node(".... ....", name, rack=rack), labels={"flavor": flavor})
+
+    nodes = [
+        flavored("spot-1", "r1", "spot"),
+        flavored("reserved-1", "r1", "reserved"),
+        flavored("spot-2", "r2", "spot"),
+        flavored("spot-3", "r2", "spot"),
+    ]
+    want = replace(gang_member(size=2, gpus=8), selection=NodeSelection((SPOT,)))
+    outcome = filter_nodes(
+        snapshot(nodes), pod("m0", want), ["spot-1", "spot-2", "spot-3"], CONFIG, NOW
+    )
+    assert outcome.fits == ("spot-2", "spot-3")
+    assert outcome.unresolvable == {
+        "spot-1": "the node's rack has room for 1 member of gang ns.job now, it needs 2 together"
+    }
 
 
 def test_gang_room_is_not_checked_once_a_member_is_placed() -> None:
