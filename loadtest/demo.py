@@ -16,7 +16,7 @@ import atexit
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -140,14 +140,34 @@ def execute(
     }
     data = report.to_json(result, meta, nominal)
     data["errors_fatal"] = sum(result.errors.values())
-    for line in report.summary_lines(result, data):
-        say(line)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, html_path = out_dir / f"{name}.json", out_dir / f"{name}.html"
-    json_path.write_bytes(jsonio.dumps(data))
     title = f"Tessera load test: {name}, {result.nodes} nodes, {len(result.jobs)} jobs"
-    html_path.write_text(report.html_page(result, data, title), encoding="utf-8")
-    say(f"reports: {json_path} {html_path}  ({clock.monotonic() - began:.1f} s)")
+    return _publish(
+        data,
+        report.summary_lines(result, data),
+        report.html_page(result, data, title),
+        out_dir / name,
+        say=say,
+        took_s=clock.monotonic() - began,
+    )
+
+
+def _publish(
+    data: dict[str, Any],
+    summary: Iterable[str],
+    html: str,
+    stem: Path,
+    *,
+    say: Say,
+    took_s: float,
+) -> Outcome:
+    """Print a run's summary and write ``<stem>.json`` and ``<stem>.html``."""
+    for line in summary:
+        say(line)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    json_path, html_path = stem.with_name(f"{stem.name}.json"), stem.with_name(f"{stem.name}.html")
+    json_path.write_bytes(jsonio.dumps(data))
+    html_path.write_text(html, encoding="utf-8")
+    say(f"reports: {json_path} {html_path}  ({took_s:.1f} s)")
     return Outcome(data, json_path, html_path)
 
 
@@ -223,15 +243,15 @@ def run_real_on(
         },
     )
     data["errors_fatal"] = 0
-    for line in real_report.summary_lines(result, data):
-        say(line)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, html_path = out_dir / f"{name}.json", out_dir / f"{name}.html"
-    json_path.write_bytes(jsonio.dumps(data))
     title = f"Tessera on the real stack: {name}, {result.nodes} nodes, {len(result.jobs)} jobs"
-    html_path.write_text(real_report.html_page(result, data, title), encoding="utf-8")
-    say(f"reports: {json_path} {html_path}  ({clock.monotonic() - began:.1f} s)")
-    return Outcome(data, json_path, html_path)
+    return _publish(
+        data,
+        real_report.summary_lines(result, data),
+        real_report.html_page(result, data, title),
+        out_dir / name,
+        say=say,
+        took_s=clock.monotonic() - began,
+    )
 
 
 def _one_real(
