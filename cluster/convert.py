@@ -872,7 +872,7 @@ def node_selection(spec: Mapping[str, Any], problems: list[str]) -> NodeSelectio
     terms: tuple[tuple[NodeRequirement, ...], ...] | None = None
     raw_terms = _sequence(chosen, "nodeSelectorTerms")
     if raw_terms:
-        read = [_term(term, problems) for term in raw_terms if isinstance(term, Mapping)]
+        read = [_term(term, problems) for term in raw_terms]
         terms = None if any(term is None for term in read) else tuple(filter(None, read))
     tolerations = tuple(
         Toleration(
@@ -887,9 +887,12 @@ def node_selection(spec: Mapping[str, Any], problems: list[str]) -> NodeSelectio
     return NodeSelection(required, terms, tolerations)
 
 
-def _term(term: Mapping[str, Any], problems: list[str]) -> tuple[NodeRequirement, ...] | None:
-    """One ``nodeSelectorTerm``; None when an item cannot be read (the whole affinity is
-    then left to kube-scheduler)."""
+def _term(term: Any, problems: list[str]) -> tuple[NodeRequirement, ...] | None:
+    """One ``nodeSelectorTerm``; None when it or an item cannot be read (the whole
+    affinity is then left to kube-scheduler)."""
+    if not isinstance(term, Mapping):
+        problems.append(f"node selector term {echo(term)} cannot be read; ignored")
+        return None
     items: list[NodeRequirement] = []
     for part, is_field in (("matchExpressions", False), ("matchFields", True)):
         for raw in _sequence(term, part):

@@ -1009,3 +1009,18 @@ def test_an_unreadable_affinity_is_left_to_kube_scheduler_with_a_problem() -> No
     assert pod.demand.selection is not None
     assert pod.demand.selection.terms is None
     assert any("node affinity item" in p for p in pod.problems)
+
+
+def test_a_node_selector_term_that_is_no_object_leaves_the_affinity_to_kube_scheduler() -> None:
+    obj = _with_spec(
+        pod_json(gpus=1),
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": ["zone-a"]}
+            }
+        },
+    )
+    pod = pod_from_json(obj)
+    assert pod.demand.selection is not None
+    assert pod.demand.selection.terms is None
+    assert any("node selector term" in p for p in pod.problems)
