@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
+from itertools import accumulate
 
 from cluster.model import MILLI_PER_GPU, GpuDevice, NodeState, PodDemand, product_matches
 from extender.config import ExtenderConfig, MixEntry
@@ -93,6 +94,19 @@ def _choose_share(node: NodeState, milli: int) -> tuple[int, ...] | None:
     return None if best is None else (best[2],)
 
 
+def island_counts(node: NodeState, *, empty: bool = False) -> tuple[dict[int, int], dict[int, int]]:
+    """Whole-free healthy GPUs per island (with ``empty``: as if no pod held any) and
+    healthy GPUs per island."""
+    whole: dict[int, int] = {}
+    healthy: dict[int, int] = {}
+    for gpu in node.gpus:
+        if gpu.healthy:
+            healthy[gpu.island] = healthy.get(gpu.island, 0) + 1
+            if empty or gpu.free_milli >= MILLI_PER_GPU:
+                whole[gpu.island] = whole.get(gpu.island, 0) + 1
+    return whole, healthy
+
+
 def pod_fits(
     node: NodeState, demand: PodDemand, islands_required: bool, *, empty: bool = False
 ) -> int:
@@ -100,13 +114,7 @@ def pod_fits(
     ``empty`` as if no other pod held any. A pod without GPUs: the node's pod limit."""
     if demand.gpus > 0:
         k = demand.gpus
-        counts: dict[int, int] = {}
-        healthy: dict[int, int] = {}
-        for gpu in node.gpus:
-            if gpu.healthy:
-                healthy[gpu.island] = healthy.get(gpu.island, 0) + 1
-                if empty or gpu.free_milli >= MILLI_PER_GPU:
-                    counts[gpu.island] = counts.get(gpu.island, 0) + 1
+        counts, healthy = island_counts(node, empty=empty)
         if one_island(k, healthy, islands_required):
             return sum(c // k for c in counts.values())
         return sum(counts.values()) // k
@@ -142,70 +150,72 @@ def fragmentation(
     total = sum(frees)
     if total == 0:
         return 0.0
-    whole: dict[int, int] = {}
-    healthy: dict[int, int] = {}
-    for gpu in node.gpus:
-        if gpu.healthy:
-            healthy[gpu.island] = healthy.get(gpu.island, 0) + 1
-            if gpu.free_milli >= MILLI_PER_GPU:
-                whole[gpu.island] = whole.get(gpu.island, 0) + 1
-    whole_total = sum(whole.values())
-    largest_free = frees[-1]
-    prefix = [0]
-    for free in frees:
-        prefix.append(prefix[-1] + free)
+    whole, healthy = island_counts(node)
+    prefix = [0, *accumulate(frees)]
+    count, largest = len(frees), frees[-1]
+    stranding_cpu = cpu_free if cpu_stranding else None
+    # per call, not per entry: many sizes share a GPU count or a product list
     usable_for: dict[int, int] = {}
     accepts: dict[tuple[str, ...], bool] = {}
     weighted = 0.0
     weights = 0.0
     for entry in mix:
-        weights += entry.weight
-        if not entry.uses_gpus or (cpu_free is not None and entry.cpu_milli > cpu_free):
-            weighted += entry.weight * total
+        weight = entry.weight
+        weights += weight
+        if (
+            not entry.uses_gpus
+            or (cpu_free is not None and entry.cpu_milli > cpu_free)
+            or (entry.products and not _accepts(entry.products, node.product, accepts))
+        ):
+            weighted += weight * total
             continue
-        if entry.products:
-            ok = accepts.get(entry.products)
-            if ok is None:
-                ok = accepts[entry.products] = any(
-                    product_matches(p, node.product) for p in entry.products
-                )
-            if not ok:
-                weighted += entry.weight * total
-                continue
         # pods of this size the CPU can still hold (only the GPU count limits without
         # CPU), as a fraction: pods of a size ask for CPU around its typical value, so
         # each core short strands part of a GPU, not a whole GPU at a floor's step
         by_cpu: float = (
-            cpu_free / entry.cpu_milli
-            if cpu_stranding and cpu_free is not None and entry.cpu_milli
-            else len(frees)
+            stranding_cpu / entry.cpu_milli
+            if stranding_cpu is not None and entry.cpu_milli
+            else count
         )
-        if entry.gpus > 0:
-            k = entry.gpus
+        k = entry.gpus
+        if k > 0:
             usable = usable_for.get(k)
             if usable is None:
-                if one_island(k, healthy, islands_required):
-                    usable = sum(c for c in whole.values() if c >= k)
-                else:
-                    usable = whole_total if whole_total >= k else 0
-                usable_for[k] = usable
+                usable = usable_for[k] = _usable_whole(k, whole, healthy, islands_required)
             if not usable:
                 frag: float = total
             else:
                 served = min(usable, by_cpu * k)
                 frag = total - usable * MILLI_PER_GPU
                 frag += cpu_stranding * (usable - served) * MILLI_PER_GPU
+        elif largest < entry.gpu_milli:
+            frag = total
         else:
-            m = entry.gpu_milli
-            if largest_free < m:
-                frag = total
-            else:
-                first = bisect.bisect_left(frees, m)
-                frag = prefix[first] + cpu_stranding * _least_free(
-                    frees, prefix, first, len(frees) - first - by_cpu
-                )
-        weighted += entry.weight * frag
+            first = bisect.bisect_left(frees, entry.gpu_milli)
+            frag = prefix[first] + cpu_stranding * _least_free(
+                frees, prefix, first, count - first - by_cpu
+            )
+        weighted += weight * frag
     return weighted / weights
+
+
+def _accepts(products: tuple[str, ...], product: str, known: dict[tuple[str, ...], bool]) -> bool:
+    """Whether a node of ``product`` is one of ``products``, remembered in ``known``."""
+    ok = known.get(products)
+    if ok is None:
+        ok = known[products] = any(product_matches(p, product) for p in products)
+    return ok
+
+
+def _usable_whole(
+    k: int, whole: Mapping[int, int], healthy: Mapping[int, int], islands_required: bool
+) -> int:
+    """Whole-free GPUs that pods of ``k`` whole GPUs can use: in islands holding ``k``
+    when they must come from one island, all of them when ``k`` fit, else none."""
+    if one_island(k, healthy, islands_required):
+        return sum(c for c in whole.values() if c >= k)
+    whole_total = sum(whole.values())
+    return whole_total if whole_total >= k else 0
 
 
 def _least_free(frees: list[int], prefix: list[int], first: int, count: float) -> float:
