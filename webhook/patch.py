@@ -83,7 +83,10 @@ def diff(original: Any, mutated: Any) -> JsonPatch:
     patch at once): copy before changing either.
     """
     ops: JsonPatch = []
-    _diff(original, mutated, "", ops)
+    if type(original) is dict and type(mutated) is dict and original is not mutated:
+        _diff_maps(original, mutated, "", ops)  # an admission's object: straight to its keys
+    else:
+        _diff(original, mutated, "", ops)
     return ops
 
 
@@ -99,31 +102,45 @@ def _diff(a: Any, b: Any, path: str, ops: JsonPatch) -> None:
     if a is b:
         return
     if isinstance(a, dict) and isinstance(b, dict):
-        if not a.keys() <= b.keys():
-            for key in a:
-                if key not in b:
-                    ops.append({"op": "remove", "path": f"{path}/{_token(key)}"})
-        for key, value in b.items():
-            old = a.get(key, _MISSING)
-            if old is value:
-                continue  # shared with the original (see Draft): unchanged
-            if old is _MISSING:
-                ops.append({"op": "add", "path": f"{path}/{_token(key)}", "value": value})
-            else:
-                _diff(old, value, f"{path}/{_token(key)}", ops)
+        _diff_maps(a, b, path, ops)
         return
     if isinstance(a, list) and isinstance(b, list):
-        if len(a) == len(b):
-            for index, (old, new) in enumerate(zip(a, b, strict=True)):
-                _diff(old, new, f"{path}/{index}", ops)
-            return
-        if len(b) > len(a) and all(_same(old, new) for old, new in zip(a, b, strict=False)):
-            for index in range(len(a), len(b)):
-                ops.append({"op": "add", "path": f"{path}/{index}", "value": b[index]})
+        if _diff_lists(a, b, path, ops):
             return
     elif _same(a, b):
         return
     ops.append({"op": "replace", "path": path, "value": b})
+
+
+def _diff_maps(a: dict[str, Any], b: dict[str, Any], path: str, ops: JsonPatch) -> None:
+    if not a.keys() <= b.keys():
+        for key in a:
+            if key not in b:
+                ops.append({"op": "remove", "path": f"{path}/{_token(key)}"})
+    for key, value in b.items():
+        old = a.get(key, _MISSING)
+        if old is value:
+            continue  # shared with the original (see Draft): unchanged
+        if old is _MISSING:
+            ops.append({"op": "add", "path": f"{path}/{_token(key)}", "value": value})
+        elif type(old) is dict and type(value) is dict:
+            _diff_maps(old, value, f"{path}/{_token(key)}", ops)  # the common case, direct
+        else:
+            _diff(old, value, f"{path}/{_token(key)}", ops)
+
+
+def _diff_lists(a: list[Any], b: list[Any], path: str, ops: JsonPatch) -> bool:
+    """Patch a list element by element, or by adds at its end; False when only a
+    ``replace`` of the whole list says what it became."""
+    if len(a) == len(b):
+        for index, (old, new) in enumerate(zip(a, b, strict=True)):
+            _diff(old, new, f"{path}/{index}", ops)
+        return True
+    if len(b) > len(a) and all(_same(old, new) for old, new in zip(a, b, strict=False)):
+        for index in range(len(a), len(b)):
+            ops.append({"op": "add", "path": f"{path}/{index}", "value": b[index]})
+        return True
+    return False
 
 
 # ---------------------------------------------------------------- copy-on-write edits
