@@ -30,48 +30,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from types import MappingProxyType
+from dataclasses import dataclass, replace
 
 from cluster import logs
+from cluster.accounting import GpuPool, account_node, holders
+from cluster.cache_records import (
+    Assumption,
+    GangIndex,
+    NodeSlot,
+    ProductCounters,
+    ProductTotals,
+    gang_of,
+    placement,
+)
 from cluster.clock import Clock
 from cluster.labels import GPU_INDICES
-from cluster.model import (
-    MILLI_PER_GPU,
-    Allocation,
-    GangId,
-    GpuDevice,
-    NodeName,
-    NodeState,
-    PodDemand,
-    PodInfo,
-    PodKey,
-)
-from cluster.sharded import CowMap, ShardedMap, shard_of
-from cluster.snapshot import (
-    NodeChangeLog,
-    Snapshot,
-    gpus_needed,
-    indices_match,
-    pick_gpus,
-)
+from cluster.model import Allocation, NodeName, NodeState, PodInfo, PodKey
+from cluster.sharded import CowMap, shard_of
+from cluster.snapshot import NodeChangeLog, Snapshot, gpus_needed, indices_match
 
 log = logging.getLogger(__name__)
 
 
 class AllocationConflict(Exception):
     """``assume`` would over-allocate: the message names the GPU and who holds it."""
-
-
-@dataclass(frozen=True, slots=True)
-class ProductCounters:
-    """GPU capacity of one product (``nvidia.com/gpu.product``) across the known nodes."""
-
-    nodes: int = 0
-    gpus: int = 0
-    healthy_gpus: int = 0
-    allocated_milli: int = 0
-    whole_free_gpus: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,133 +73,6 @@ class CacheCounters:
     assume_conflicts: int
 
 
-@dataclass(frozen=True, slots=True)
-class _Assumption:
-    pod: PodInfo
-    allocation: Allocation
-    deadline: float
-
-
-@dataclass(slots=True)
-class _NodeSlot:
-    """All the cache keeps under one node name. A slot outlives its node: pods bound to
-    a deleted node keep their allocations, so a node that comes back is accounted as
-    before; an empty slot is dropped."""
-
-    base: NodeState | None = None
-    """The node as the watch reports it (``None``: not reported, or deleted)."""
-    pods: dict[PodKey, tuple[Allocation | None, int]] = field(default_factory=dict)
-    """GPU pods placed here: the exact allocation (``None`` where the cache picks the
-    GPUs) and the CPU the pod asks, so accounting the node sums these instead of looking
-    each pod up again."""
-    cpu_only: int = 0
-    """CPU asked by the pods without GPUs placed here."""
-    problems: tuple[str, ...] = ()
-    """Accounting problems found the last time the node was accounted."""
-
-    @property
-    def unused(self) -> bool:
-        return self.base is None and not self.pods and not self.cpu_only and not self.problems
-
-
-class _GangIndex:
-    """Gang → members holding an allocation, and the sorted tuples snapshots show. Only
-    the gangs touched since the last ``flush`` are re-sorted."""
-
-    __slots__ = ("_dirty", "_frozen", "_members")
-
-    def __init__(self) -> None:
-        self._members: dict[GangId, set[PodKey]] = {}
-        self._frozen: CowMap[GangId, tuple[PodKey, ...]] = CowMap()
-        self._dirty: set[GangId] = set()
-
-    def move(self, key: PodKey, leave: GangId | None, join: GangId | None) -> None:
-        if leave is not None:
-            members = self._members.get(leave)
-            if members is not None:
-                members.discard(key)
-                if not members:
-                    del self._members[leave]
-                self._dirty.add(leave)
-        if join is not None:
-            self._members.setdefault(join, set()).add(key)
-            self._dirty.add(join)
-
-    def flush(self) -> None:
-        for gang in self._dirty:
-            members = self._members.get(gang)
-            if members:
-                sorted_members = tuple(sorted(members))
-                if self._frozen.get(gang) != sorted_members:
-                    self._frozen.set(gang, sorted_members)
-            else:
-                self._frozen.pop(gang)
-        self._dirty.clear()
-
-    def freeze(self) -> ShardedMap[GangId, tuple[PodKey, ...]]:
-        return self._frozen.freeze()
-
-
-class _ProductTotals:
-    """Running ``ProductCounters`` per GPU product: a node's contribution is taken out
-    before it changes and put back after, so counters never walk the fleet."""
-
-    __slots__ = ("_totals",)
-
-    def __init__(self) -> None:
-        self._totals: dict[str, list[int]] = {}
-
-    def add(self, node: NodeState, sign: int) -> None:
-        totals = self._totals.setdefault(node.product, [0] * 5)
-        for i, part in enumerate(_contribution(node)):
-            totals[i] += sign * part
-
-    def counters(self) -> Mapping[str, ProductCounters]:
-        return MappingProxyType(
-            {
-                product: ProductCounters(*totals)
-                for product, totals in sorted(self._totals.items())
-                if totals[0]
-            }
-        )
-
-
-def _placement(
-    watch: PodInfo | None, assumption: _Assumption | None
-) -> tuple[NodeName, Allocation | None] | None:
-    """Where a pod's GPUs are, from its inputs: the node, and the exact allocation or
-    None when the cache must pick GPUs for it (bound without usable indices)."""
-    if watch is not None and watch.node is not None:
-        if indices_match(watch.gpu_indices, watch.demand):
-            return watch.node, Allocation(watch.node, watch.gpu_indices, watch.demand.milli_per_gpu)
-        return watch.node, None
-    if assumption is not None:
-        return assumption.allocation.node, assumption.allocation
-    return None
-
-
-def _gang_of(pod: PodInfo | None) -> GangId | None:
-    if pod is None or pod.demand.gang is None:
-        return None
-    return pod.demand.gang.id
-
-
-def _forced_pick(base: NodeState, used: Mapping[int, int], demand: PodDemand) -> tuple[int, ...]:
-    """GPUs to count a bound pod on when none are free for it: the emptiest ones."""
-    order = sorted(base.gpus, key=lambda g: (used[g.index] - g.free_milli, g.index))
-    return tuple(sorted(g.index for g in order[: gpus_needed(demand)]))
-
-
-def _contribution(node: NodeState) -> tuple[int, int, int, int, int]:
-    """What one node adds to its product's ``ProductCounters``, field by field."""
-    healthy = allocated = whole_free = 0
-    for gpu in node.gpus:
-        healthy += gpu.healthy
-        allocated += MILLI_PER_GPU - gpu.free_milli
-        whole_free += gpu.whole_free
-    return (1, len(node.gpus), healthy, allocated, whole_free)
-
-
 class ClusterCache:
     """Nodes and GPU pods from the watch, assumptions from bind, snapshots for readers."""
 
@@ -227,7 +82,7 @@ class ClusterCache:
         self._generation = 0
         self._changed = False
         # per node name: the node as reported, the pods on it, its problems
-        self._slots: dict[NodeName, _NodeSlot] = {}
+        self._slots: dict[NodeName, NodeSlot] = {}
         # nodes with allocations applied (what snapshots show), by shard, copied on write
         # like the pods: one bind changes one node, and a snapshot after it then costs a
         # shard, not a copy of every node (~40 us at 5,000)
@@ -235,19 +90,17 @@ class ClusterCache:
         # the watch's GPU pods, plus assumed pods the watch has not shown (_assume_only)
         self._pods: CowMap[PodKey, PodInfo] = CowMap()
         self._assume_only: set[PodKey] = set()
-        self._assumed: dict[PodKey, _Assumption] = {}
+        self._assumed: dict[PodKey, Assumption] = {}
         self._assumed_view: frozenset[PodKey] | None = frozenset()
         # derived: allocations, and the gangs of the pods that hold one
         self._allocs: CowMap[PodKey, Allocation] = CowMap()
-        self._gangs = _GangIndex()
+        self._gangs = GangIndex()
         # the node and CPU of each pod without GPUs (kept for nothing else)
         self._cpu_only: dict[PodKey, tuple[NodeName, int]] = {}
         self._pod_problems: dict[PodKey, str] = {}
         self._dirty_nodes: dict[NodeName, None] = {}
-        self._products = _ProductTotals()
-        # GPUs that differ only in free milli are few; sharing them keeps node rebuilds
-        # cheap (no dataclass construction) and memory flat
-        self._gpu_pool: dict[tuple[int, int, bool, int], GpuDevice] = {}
+        self._products = ProductTotals()
+        self._gpu_pool = GpuPool()
         self._totals = {"confirmed": 0, "expired": 0, "forgotten": 0, "conflicts": 0}
         self._node_log = NodeChangeLog()
         self._snapshot = Snapshot(node_log=self._node_log)
@@ -335,10 +188,10 @@ class ClusterCache:
         slot.base = node
         self._dirty_nodes[node.name] = None
 
-    def _slot(self, name: NodeName) -> _NodeSlot:
+    def _slot(self, name: NodeName) -> NodeSlot:
         slot = self._slots.get(name)
         if slot is None:
-            slot = self._slots[name] = _NodeSlot()
+            slot = self._slots[name] = NodeSlot()
         return slot
 
     # ------------------------------------------------------------------ pods (the watch)
@@ -422,7 +275,7 @@ class ClusterCache:
         assumption = self._assumed.get(key)
         if assumption is not None and pod.node is not None:
             self._totals["confirmed"] += 1
-            if _placement(pod, None) != (assumption.allocation.node, assumption.allocation):
+            if placement(pod, None) != (assumption.allocation.node, assumption.allocation):
                 log.info(
                     "watch placed pod differently from its assumption",
                     extra=logs.fields(
@@ -492,7 +345,7 @@ class ClusterCache:
         except AllocationConflict:
             self._totals["conflicts"] += 1
             raise
-        self._update(key, watch, _Assumption(pod, allocation, deadline))
+        self._update(key, watch, Assumption(pod, allocation, deadline))
         self._flush()
 
     def forget(self, key: PodKey) -> bool:
@@ -538,38 +391,32 @@ class ClusterCache:
                 )
 
     def _holders(self, name: NodeName, index: int) -> str:
-        found = []
         slot = self._slots.get(name)
-        for key, (exact, _) in sorted(slot.pods.items() if slot is not None else ()):
-            alloc = self._allocs.get(key)
-            if alloc is not None and index in alloc.indices:
-                how = "assumed" if key in self._assumed else "bound"
-                if exact is None:
-                    how += f" without {GPU_INDICES}"
-                found.append(f"{key} ({alloc.milli_per_gpu} milli, {how})")
-        return ", ".join(found) or "nobody"
+        return holders(
+            slot.pods if slot is not None else {}, index, self._allocs.get, self._assumed
+        )
 
     # ------------------------------------------------------------------ derived state
 
     def _watch(self, key: PodKey) -> PodInfo | None:
         return None if key in self._assume_only else self._pods.get(key)
 
-    def _update(self, key: PodKey, watch: PodInfo | None, assumption: _Assumption | None) -> None:
+    def _update(self, key: PodKey, watch: PodInfo | None, assumption: Assumption | None) -> None:
         """Install the inputs for one pod and bring everything derived from them along."""
         i = shard_of(key)
         old_record = self._pods.get_at(i, key)
         old_watch = None if key in self._assume_only else old_record
-        old_place = _placement(old_watch, self._assumed.get(key))
+        old_place = placement(old_watch, self._assumed.get(key))
         self._set_assumption(key, assumption)
         record = self._set_record(i, key, watch, assumption, old_record)
         if old_record is not None:
-            old_gang, new_gang = _gang_of(old_record), _gang_of(record)
+            old_gang, new_gang = gang_of(old_record), gang_of(record)
             if old_gang != new_gang and self._allocs.get_at(i, key) is not None:
                 self._gangs.move(key, old_gang, new_gang)
         self._check_indices(key, watch)
-        self._place(i, key, record, old_place, _placement(watch, assumption))
+        self._place(i, key, record, old_place, placement(watch, assumption))
 
-    def _set_assumption(self, key: PodKey, assumption: _Assumption | None) -> None:
+    def _set_assumption(self, key: PodKey, assumption: Assumption | None) -> None:
         if assumption is None:
             if self._assumed.pop(key, None) is None:
                 return
@@ -585,7 +432,7 @@ class ClusterCache:
         i: int,
         key: PodKey,
         watch: PodInfo | None,
-        assumption: _Assumption | None,
+        assumption: Assumption | None,
         old_record: PodInfo | None,
     ) -> PodInfo | None:
         """The pod as snapshots show it: the watch's record, or the assumed pod while
@@ -657,7 +504,7 @@ class ClusterCache:
         if current == allocation:
             return
         self._changed = True
-        gang = _gang_of(self._pods.get_at(i, key))
+        gang = gang_of(self._pods.get_at(i, key))
         if allocation is None:
             self._allocs.pop_at(i, key)
             self._gangs.move(key, gang, None)
@@ -667,9 +514,7 @@ class ClusterCache:
                 self._gangs.move(key, None, gang)
 
     def _account(self, name: NodeName) -> None:
-        """Recompute one node from its base and the pods on it: exact allocations
-        first, then GPUs for pods bound without indices (kept where they were if they
-        still fit, so they do not wander)."""
+        """Recompute one node from its base and the pods on it (``account_node``)."""
         slot = self._slots.get(name)
         base = None if slot is None else slot.base
         if slot is None or base is None:
@@ -677,71 +522,19 @@ class ClusterCache:
             if slot is not None:
                 self._set_problems(name, slot, ())
             return
-        on = slot.pods
-        capacity = {gpu.index: gpu.free_milli for gpu in base.gpus}
-        used = dict.fromkeys(capacity, 0)
-        problems: list[str] = []
-        picked_keys: list[PodKey] = []
-        for key, (allocation, _) in on.items():
-            if allocation is None:
-                picked_keys.append(key)
-                continue
-            for index in allocation.indices:
-                if index in used:
-                    used[index] += allocation.milli_per_gpu
-                else:
-                    problems.append(f"pod {key} holds GPU {index}, which node {name} lacks")
-        for key in picked_keys:
-            i = shard_of(key)
-            pod = self._pods.get_at(i, key)
-            assert pod is not None, f"{key} sits on node {name} but is not known"
-            chosen = self._pick(
-                key, pod.demand, base, capacity=capacity, used=used, problems=problems
-            )
-            self._set_alloc(i, key, chosen)
-        cpu = slot.cpu_only + sum(cpu for _, cpu in on.values())
-        for index, milli in used.items():
-            if milli > capacity[index]:
-                problems.append(
-                    f"GPU {index} on node {name} is over-committed ({milli} of "
-                    f"{capacity[index]} milli): held by {self._holders(name, index)}"
-                )
-        self._set_node(name, self._with_used(base, used, cpu))
-        self._set_problems(name, slot, tuple(problems))
-
-    def _pick(
-        self,
-        key: PodKey,
-        demand: PodDemand,
-        base: NodeState,
-        *,
-        capacity: Mapping[int, int],
-        used: dict[int, int],
-        problems: list[str],
-    ) -> Allocation:
-        milli = demand.milli_per_gpu
-        previous = self._allocs.get(key)
-        if (
-            previous is not None
-            and previous.node == base.name
-            and previous.milli_per_gpu == milli
-            and indices_match(previous.indices, demand)
-            and all(i in used and used[i] + milli <= capacity[i] for i in previous.indices)
-        ):
-            indices = previous.indices
-        else:
-            found = pick_gpus(self._with_used(base, used), demand)
-            if found is None:
-                found = _forced_pick(base, used, demand)
-                problems.append(
-                    f"pod {key} is bound to node {base.name} without {GPU_INDICES} and no "
-                    f"GPUs are free for it: counted on GPU(s) {','.join(map(str, found))}"
-                )
-            indices = found
-            previous = None
-        for index in indices:
-            used[index] += milli
-        return previous or Allocation(base.name, indices, milli)
+        accounted = account_node(
+            base,
+            slot.pods,
+            slot.cpu_only,
+            pod_of=self._pods.get,
+            allocation_of=self._allocs.get,
+            assumed=self._assumed,
+            pool=self._gpu_pool,
+        )
+        for key, chosen in accounted.picked:
+            self._set_alloc(shard_of(key), key, chosen)
+        self._set_node(name, accounted.node)
+        self._set_problems(name, slot, accounted.problems)
 
     def _set_node(self, name: NodeName, node: NodeState | None) -> None:
         old = self._nodes.get(name)
@@ -758,21 +551,7 @@ class ClusterCache:
         self._changed = True
         self._node_log.record(self._generation + 1, name)  # the generation _flush makes
 
-    def _with_used(self, base: NodeState, used: Mapping[int, int], cpu: int = 0) -> NodeState:
-        if not any(used.values()):
-            return replace(base, cpu_requested_milli=cpu) if cpu else base
-        pool = self._gpu_pool
-        gpus = []
-        for gpu in base.gpus:
-            taken = used[gpu.index]
-            if not taken:
-                gpus.append(gpu)
-                continue
-            shape = (gpu.index, gpu.island, gpu.healthy, max(0, gpu.free_milli - taken))
-            gpus.append(pool.get(shape) or pool.setdefault(shape, GpuDevice(*shape)))
-        return replace(base, gpus=tuple(gpus), cpu_requested_milli=cpu)
-
-    def _set_problems(self, name: NodeName, slot: _NodeSlot, problems: tuple[str, ...]) -> None:
+    def _set_problems(self, name: NodeName, slot: NodeSlot, problems: tuple[str, ...]) -> None:
         if problems != slot.problems:
             slot.problems = problems
             if problems:

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from cluster.cache import AllocationConflict, ClusterCache, ProductCounters
+from cluster.cache import AllocationConflict, ClusterCache
+from cluster.cache_records import ProductCounters
 from cluster.clock import ManualClock
 from cluster.convert import node_from_json
 from cluster.model import (
