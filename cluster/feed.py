@@ -19,7 +19,9 @@ from typing import Any, TypeVar
 
 from cluster import jsonio, logs
 from cluster.cache import ClusterCache
-from cluster.convert import ConversionError, node_from_json, pod_from_json
+from cluster.convert.nodes import node_from_json
+from cluster.convert.pods import pod_from_json
+from cluster.convert.raw import ConversionError
 from cluster.files import load_objects
 from cluster.informer import Informer, ListWatchClient
 from cluster.model import NodeName, NodeState, PodKey, pod_key

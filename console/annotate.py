@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from cluster import labels
-from cluster.convert import (
+from cluster.convert.grammar import (
     AnnotationError,
     format_indices,
     format_rfc3339,

@@ -16,12 +16,9 @@ import yaml
 
 from cluster import jsonio
 from cluster.clock import Clock
-from cluster.convert import (
-    ConversionError,
-    format_rfc3339,
-    node_from_json,
-    parse_topology_levels,
-)
+from cluster.convert.grammar import format_rfc3339, parse_topology_levels
+from cluster.convert.nodes import node_from_json
+from cluster.convert.raw import ConversionError
 from cluster.kube import KubeError
 from cluster.model import NodeState
 from console import annotate, render

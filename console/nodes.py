@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from cluster.convert import format_rfc3339
+from cluster.convert.grammar import format_rfc3339
 from cluster.labels import HOSTNAME
 from cluster.model import MILLI_PER_GPU, NodeName, NodeState, PodDemand, level_short_name
 from cluster.snapshot import Snapshot

@@ -11,7 +11,7 @@ What the numbers mean:
   ``True`` — it holds quota — and *pending* otherwise; one with ``Finished`` ``True`` is
   left out. Its queue is ``spec.queueName`` in its namespace.
 * *GPUs asked*: whole GPUs (``nvidia.com/gpu``) over all its pods, each pod read by
-  ``cluster.convert.read_demand`` like the extender reads a pod; GPU shares are counted
+  ``cluster.convert.demand.read_demand`` like the extender reads a pod; GPU shares are counted
   apart as ``gpu_milli``.
 * *Wait*: for a pending workload, from its creation until ``now``; for an admitted one,
   from creation until its quota was reserved (the condition's ``lastTransitionTime``).
@@ -34,7 +34,8 @@ from datetime import datetime
 from typing import Any
 
 from cluster import labels
-from cluster.convert import AnnotationError, parse_rfc3339, read_demand
+from cluster.convert.demand import read_demand
+from cluster.convert.grammar import AnnotationError, parse_rfc3339
 from cluster.quantity import QuantityError, to_milli
 from webhook.queues import Policy
 

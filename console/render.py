@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from cluster.convert import format_rfc3339
+from cluster.convert.grammar import format_rfc3339
 
 NONE = "-"
 """What a cell shows for a value that does not apply."""

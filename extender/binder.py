@@ -30,7 +30,7 @@ from typing import Any, Final, Protocol
 
 from cluster import logs
 from cluster.cache import ClusterCache
-from cluster.convert import format_indices
+from cluster.convert.grammar import format_indices
 from cluster.kube import ApiError, JsonObject, KubeError, Params
 from cluster.labels import GPU_INDICES
 from cluster.model import NodeName, PodInfo

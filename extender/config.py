@@ -237,7 +237,7 @@ class ExtenderConfig:
 
     @property
     def level_labels(self) -> tuple[str, ...]:
-        """The node labels of the levels: what ``cluster.convert.node_from_json`` reads."""
+        """The node labels of the levels: what ``cluster.convert.nodes.node_from_json`` reads."""
         return tuple(level.node_label for level in self.levels)
 
     def level(self, name: str) -> TopologyLevel | None:

@@ -32,7 +32,9 @@ from itertools import chain, combinations
 from types import MappingProxyType
 from typing import Any, Final, cast
 
-from cluster.convert import ConversionError, format_indices, node_from_json
+from cluster.convert.grammar import format_indices
+from cluster.convert.nodes import node_from_json
+from cluster.convert.raw import ConversionError
 from cluster.model import (
     MILLI_PER_GPU,
     Allocation,

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from cluster import labels
-from cluster.convert import parse_topology_levels
+from cluster.convert.grammar import parse_topology_levels
 from extender.config import ExtenderConfig, ScoringWeights, TopologyLevel
 from server.serving_settings import MIB, ServingSettings
 

@@ -36,7 +36,8 @@ from typing import Any, ClassVar, Final, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cluster import jsonio
-from cluster.convert import ConversionError, pod_from_json
+from cluster.convert.pods import pod_from_json
+from cluster.convert.raw import ConversionError
 from cluster.echo import echo
 from cluster.model import NodeName, PodInfo, PodKey, pod_key
 from extender.decide import FilterOutcome, NodeVictims, Victim

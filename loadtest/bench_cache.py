@@ -35,7 +35,8 @@ from cluster import jsonio
 from cluster import labels as keys
 from cluster.cache import ClusterCache
 from cluster.clock import Clock, SystemClock
-from cluster.convert import node_from_json, pod_from_json
+from cluster.convert.nodes import node_from_json
+from cluster.convert.pods import pod_from_json
 from cluster.files import load_objects
 from cluster.model import Allocation, NodeState, PodInfo
 from cluster.snapshot import pick_gpus

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cluster.cache import AllocationConflict, ClusterCache
 from cluster.clock import Clock
-from cluster.convert import pod_from_json
+from cluster.convert.pods import pod_from_json
 from cluster.feed import CacheFeed
 from cluster.model import Allocation, NodeState, PodDemand
 from cluster.snapshot import Snapshot, pick_gpus

@@ -13,7 +13,7 @@ pods each one makes:
   times that Job's ``parallelism`` (default 1) pods;
 * Pod: the pod itself, one pod, metadata at ``/metadata`` and spec at ``/spec``.
 
-A template's GPU demand is ``cluster.convert.pod_demand`` of its spec. The time-limit
+A template's GPU demand is ``cluster.convert.demand.pod_demand`` of its spec. The time-limit
 holders are where ``activeDeadlineSeconds`` bounds the whole workload: the Job's spec,
 each replicated Job's spec of a JobSet (a JobSet has no deadline of its own), the Pod's
 spec.
@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from cluster import labels
-from cluster.convert import DemandError, pod_demand
+from cluster.convert.demand import DemandError, pod_demand
 from cluster.echo import echo
 from cluster.model import PodDemand
 from webhook.owners import OwnerRef

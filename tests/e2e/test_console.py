@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cluster import jsonio, labels
-from cluster.convert import node_from_json
+from cluster.convert.nodes import node_from_json
 from loadtest.stack.cluster import E2ECluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -23,7 +23,9 @@ import pytest
 from cluster import jsonio
 from cluster.cache import ClusterCache
 from cluster.clock import ManualClock
-from cluster.convert import node_from_json, parse_index_list, pod_from_json
+from cluster.convert.grammar import parse_index_list
+from cluster.convert.nodes import node_from_json
+from cluster.convert.pods import pod_from_json
 from cluster.files import load_objects
 from cluster.model import Allocation, NodeName, PodKey
 from extender import verbs

@@ -13,7 +13,7 @@ import yaml
 
 from cluster import jsonio, labels
 from cluster.clock import ManualClock
-from cluster.convert import node_from_json
+from cluster.convert.nodes import node_from_json
 from console import annotate
 from console.__main__ import build_parser, main, run
 from console.commands import ConsoleError, Output

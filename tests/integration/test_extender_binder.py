@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from cluster.convert import pod_from_json
+from cluster.convert.pods import pod_from_json
 from cluster.feed import PODS_PATH
 from cluster.kube import KubeClient, KubeConfig, Params, TransportError
 from cluster.labels import GPU_INDICES

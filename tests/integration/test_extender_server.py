@@ -36,7 +36,7 @@ from aiohttp import web
 from cluster import jsonio, logs
 from cluster.cache import ClusterCache
 from cluster.clock import ManualClock
-from cluster.convert import pod_from_json
+from cluster.convert.pods import pod_from_json
 from cluster.feed import NODES_PATH, PODS_PATH
 from cluster.labels import GPU_INDICES
 from cluster.model import Allocation, NodeName, PodKey

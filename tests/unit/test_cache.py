@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from cluster.cache import AllocationConflict, ClusterCache
 from cluster.cache_records import ProductCounters
 from cluster.clock import ManualClock
-from cluster.convert import node_from_json
+from cluster.convert.nodes import node_from_json
 from cluster.model import (
     MILLI_PER_GPU,
     Allocation,

@@ -10,7 +10,8 @@ import pytest
 
 from cluster import labels
 from cluster.clock import ManualClock
-from cluster.convert import node_from_json, parse_rfc3339, parse_topology_levels
+from cluster.convert.grammar import parse_rfc3339, parse_topology_levels
+from cluster.convert.nodes import node_from_json
 from console import annotate
 from console.nodes import node_gpus, nodes_report, policy_levels
 from console.queues import percentile, queues_report, read_workloads

@@ -12,23 +12,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster import labels as keys
-from cluster.convert import (
+from cluster.convert.demand import DemandError, pod_demand, read_demand
+from cluster.convert.grammar import (
     MAX_GPUS_PER_NODE,
     AnnotationError,
-    ConversionError,
-    DemandError,
     format_indices,
     format_islands,
     format_rfc3339,
-    node_from_json,
     parse_index_list,
     parse_islands,
     parse_rfc3339,
     parse_topology,
-    pod_demand,
-    pod_from_json,
-    read_demand,
 )
+from cluster.convert.nodes import node_from_json
+from cluster.convert.pods import pod_from_json
+from cluster.convert.raw import ConversionError
 from cluster.model import (
     UNCONSTRAINED,
     GangId,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from cluster.cache import ClusterCache
 from cluster.clock import ManualClock
-from cluster.convert import pod_from_json
+from cluster.convert.pods import pod_from_json
 from cluster.feed import CacheFeed
 from cluster.model import PodDemand
 from cluster.snapshot import Snapshot

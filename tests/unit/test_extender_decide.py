@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from cluster.convert import node_from_json
+from cluster.convert.nodes import node_from_json
 from cluster.model import Allocation, NodeName, PodDemand, PodInfo, PodKey
 from cluster.snapshot import Snapshot
 from extender import decide

@@ -14,7 +14,8 @@ import pytest
 
 from cluster.cache import ClusterCache
 from cluster.clock import ManualClock
-from cluster.convert import node_from_json, pod_from_json
+from cluster.convert.nodes import node_from_json
+from cluster.convert.pods import pod_from_json
 from cluster.model import NodeName
 from extender import decide
 from extender.config import HOSTNAME_LEVEL, ExtenderConfig, TopologyLevel

@@ -10,7 +10,8 @@ import yaml
 
 from cluster import jsonio
 from cluster import labels as keys
-from cluster.convert import node_from_json, pod_from_json
+from cluster.convert.nodes import node_from_json
+from cluster.convert.pods import pod_from_json
 from cluster.files import ObjectFileError, load_objects, load_objects_from_bytes
 from tests.builders import node_json, pod_json
 

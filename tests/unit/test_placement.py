@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cluster.convert import node_from_json
+from cluster.convert.nodes import node_from_json
 from cluster.model import PodKey
 from extender.config import ExtenderConfig, mix_from_demands
 from extender.context import PodContext

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from cluster import labels
-from cluster.convert import AnnotationError, parse_topology
+from cluster.convert.grammar import AnnotationError, parse_topology
 from cluster.echo import echo
 from cluster.model import TopologyMode, product_matches
 from webhook.patch import Draft, pointer
