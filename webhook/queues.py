@@ -1,8 +1,9 @@
 """The queue policy: Kueue's objects as frozen records, and the ``Policy`` of them.
 
 Layer: PURE. Records and the questions the rules ask of them, with O(1) lookups: no I/O,
-no clock, no settings, no aiohttp. Must not read Kueue's objects: ``webhook.policy_build``
-builds a ``Policy`` from them (what is read, and how a malformed object is reported).
+no clock, no settings, no aiohttp. Must not read Kueue's objects: ``webhook.kueue_objects``
+reads them (what is read, and how a malformed object is reported) and
+``webhook.policy_build`` builds a ``Policy`` of what it read.
 
 Topology level names: a level is named either by its full node label or by the label's
 name part, the text after the last ``/`` (``rack`` for ``example.com/rack``, ``hostname``

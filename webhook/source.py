@@ -30,8 +30,9 @@ from cluster.feed import run_all
 from cluster.files import load_objects
 from cluster.informer import Informer, ListWatchClient
 from cluster.kube import ApiError, JsonObject, KubeError, Params
+from webhook.kueue_objects import ParsedObject, parse_objects, policy_view
 from webhook.owners import OwnerKey, OwnerKind, OwnerView, owner_kind, owner_record
-from webhook.policy_build import ParsedObject, assemble_policy, parse_objects, policy_view
+from webhook.policy_build import assemble_policy
 from webhook.queues import KUEUE_GROUP, Policy
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from cluster import labels
 from cluster.model import Taint
 from tests.builders import KUEUE, Quota, cq_obj, flavor_obj, lq_obj, topology_obj, wpc_obj
-from webhook.policy_build import policy_from_objects, policy_view
+from webhook.kueue_objects import policy_view
+from webhook.policy_build import policy_from_objects
 from webhook.queues import (
     Limit,
     PolicyError,

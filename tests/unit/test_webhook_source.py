@@ -18,8 +18,9 @@ from cluster import labels
 from cluster.clock import ManualClock
 from cluster.files import load_objects
 from tests.builders import KUEUE, cq_obj, flavor_obj, lq_obj
+from webhook.kueue_objects import parse_objects, policy_view
 from webhook.owners import OwnerKey, OwnerKind
-from webhook.policy_build import parse_objects, policy_from_objects, policy_view
+from webhook.policy_build import policy_from_objects
 from webhook.queues import Policy
 from webhook.source import KUEUE_RESOURCES, OwnerStore, PolicyStore
 
