@@ -162,13 +162,17 @@ def fragmentation(
     for entry in mix:
         weight = entry.weight
         weights += weight
-        if (
-            not entry.uses_gpus
-            or (cpu_free is not None and entry.cpu_milli > cpu_free)
-            or (entry.products and not _accepts(entry.products, node.product, accepts))
-        ):
+        if not entry.uses_gpus or (cpu_free is not None and entry.cpu_milli > cpu_free):
             weighted += weight * total
             continue
+        products = entry.products
+        if products:
+            ok = accepts.get(products)
+            if ok is None:
+                ok = accepts[products] = any(product_matches(p, node.product) for p in products)
+            if not ok:
+                weighted += weight * total
+                continue
         # pods of this size the CPU can still hold (only the GPU count limits without
         # CPU), as a fraction: pods of a size ask for CPU around its typical value, so
         # each core short strands part of a GPU, not a whole GPU at a floor's step
@@ -197,14 +201,6 @@ def fragmentation(
             )
         weighted += weight * frag
     return weighted / weights
-
-
-def _accepts(products: tuple[str, ...], product: str, known: dict[tuple[str, ...], bool]) -> bool:
-    """Whether a node of ``product`` is one of ``products``, remembered in ``known``."""
-    ok = known.get(products)
-    if ok is None:
-        ok = known[products] = any(product_matches(p, product) for p in products)
-    return ok
 
 
 def _usable_whole(
