@@ -381,7 +381,7 @@ def create_app(
         app,
         limits=settings.limits(),
         clock=clock,
-        timeout_of=lambda request: timeout if request.method == "POST" else None,
+        timeout_of=lambda method, path, query: timeout if method == "POST" else None,
         registry=app[METRICS].registry,
         prefix="tessera_extender",
     )

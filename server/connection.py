@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, cast
 from aiohttp import web
 
 from cluster import logs
+from server.direct import Call, Reply, Route, response_bytes, status_body
 from server.httphead import Head, HeadTooLarge, read_head
 
 if TYPE_CHECKING:
@@ -41,6 +42,10 @@ class _State(enum.Enum):
     OPAQUE = enum.auto()
     """aiohttp has the connection to itself until it ends: an unframed request, or a
     handler that failed."""
+    COLLECTING = enum.auto()
+    """Reading the body of a request for one of the guard's routes (``server.direct``)."""
+    CALLING = enum.auto()
+    """That route's handler is running; what comes after the request is held."""
     CLOSED = enum.auto()
 
 
@@ -71,6 +76,12 @@ class Connection(asyncio.Protocol):
         self.cut_off = False
         self.paused = False
         """Reading paused by the guard (``_pause``)."""
+        self.body = bytearray()
+        """COLLECTING: the body of the request for a route, so far."""
+        self.route: Route | None = None
+        self.idle: asyncio.TimerHandle | None = None
+        """After a route's answer: aiohttp never saw that request, so it keeps no
+        keep-alive timer for the connection; this one stands in for it."""
 
     @property
     def opaque(self) -> bool:
@@ -88,7 +99,11 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         state = self.state
-        if state is _State.PASSING:
+        if state is _State.COLLECTING:
+            self._collect(data)
+        elif state is _State.CALLING:
+            self._hold(data)
+        elif state is _State.PASSING:
             self._feed(data)
         elif state is _State.OPAQUE:
             self.inner.data_received(data)
@@ -115,6 +130,10 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._wake()
+        if self.state is _State.COLLECTING and not self.cut_off:
+            head = cast(Head, self.head)
+            self.guard.went_away(head.method, head.path, self._peer())
         self.state = _State.CLOSED
         self.guard.stop_waiting(self)
         self._settle()
@@ -163,6 +182,7 @@ class Connection(asyncio.Protocol):
         """The first byte of a head: when the request arrived, and its head deadline
         (unless a new connection's is running already)."""
         self.arrived = self.guard.clock.monotonic()
+        self._wake()
         if self.timer is None:
             self._arm(self.guard.limits.header_timeout_s, self._head_timed_out)
 
@@ -194,7 +214,10 @@ class Connection(asyncio.Protocol):
         self.counted = True
         guard.enter()
         self.ended = False
-        if head.framed:
+        route = guard.route_of(head)
+        if route is not None:
+            self._start_call(head, route)
+        elif head.framed:
             self.state = _State.PASSING
             self.left = head.size + head.body
             held, self.buf = bytes(self.buf), bytearray()
@@ -212,15 +235,99 @@ class Connection(asyncio.Protocol):
         taken = min(len(data), self.left)
         self.left -= taken
         if taken < len(data):
-            self.buf += data[taken:]
-            if len(self.buf) > self.guard.limits.max_head_bytes:
-                self._pause()  # a pipelining client waits for its answers
+            self._hold(data[taken:])
         if self.left == 0:
             self._disarm()
         if taken:
             self.inner.data_received(data if taken == len(data) else data[:taken])
         if self.left == 0 and self.ended and self.state is _State.PASSING:
             self._next()
+
+    def _hold(self, data: bytes) -> None:
+        """What came after the request in flight, kept until it is answered."""
+        self.buf += data
+        if len(self.buf) > self.guard.limits.max_head_bytes:
+            self._pause()  # a pipelining client waits for its answers
+
+    # ------------------------------------------------------------ the guard's routes
+
+    def _start_call(self, head: Head, route: Route) -> None:
+        self.state = _State.COLLECTING
+        self.left = head.body
+        self.route = route
+        held, self.buf = bytes(self.buf), bytearray()
+        if len(held) - head.size < self.left:
+            self._arm(self.guard.limits.body_timeout_s, self._body_timed_out)
+        self._collect(held[head.size :])
+
+    def _collect(self, data: bytes) -> None:
+        """COLLECTING: keep what belongs to the body, hold the rest; once the body is
+        whole, call the route."""
+        taken = min(len(data), self.left)
+        self.left -= taken
+        self.body += data if taken == len(data) else data[:taken]
+        if taken < len(data):
+            self._hold(data[taken:])
+        if self.left:
+            return
+        self._disarm()
+        head, guard = cast(Head, self.head), self.guard
+        path, query = head.path, head.query
+        call = Call(
+            head.method,
+            path,
+            query,
+            bytes(self.body),
+            guard.deadline(head.method, path, query, self.arrived),
+        )
+        self.body = bytearray()
+        self.state = _State.CALLING
+        guard.call(self._answer(cast(Route, self.route), call, head))
+
+    async def _answer(self, route: Route, call: Call, head: Head) -> None:
+        """Run the route, write its reply, then go on to the next request (if the
+        connection goes on)."""
+        guard = self.guard
+        try:
+            reply = guard.late(call.method, call.path, call.deadline) or await route(call)
+        except asyncio.CancelledError:
+            self._settle()
+            self._abort()
+            raise
+        except Exception:
+            log.exception(
+                "request handler failed", extra=logs.fields(method=call.method, path=call.path)
+            )
+            message = f"{call.method} {call.path}: the server failed to answer"
+            reply = Reply(500, status_body(500, "InternalError", message), close=True)
+        if self.state is _State.CLOSED or self.transport is None or self.transport.is_closing():
+            self._settle()
+            if not self.cut_off:
+                guard.went_away(call.method, call.path, self._peer())
+            return
+        keep_alive = head.keep_alive and not reply.close and not guard.draining
+        self._write(response_bytes(reply, keep_alive=keep_alive))
+        self._settle()
+        if not keep_alive:
+            self._close()
+            return
+        self._next()
+        if self.state is _State.HEAD and not self.buf:
+            idle_s = guard.limits.idle_timeout_s
+            self.idle = asyncio.get_running_loop().call_later(idle_s, self._idle_timed_out)
+
+    def _wake(self) -> None:
+        if self.idle is not None:
+            self.idle.cancel()
+            self.idle = None
+
+    def _idle_timed_out(self) -> None:
+        self.idle = None
+        if self.state is _State.HEAD and not self.buf:
+            self._close()
+
+    def _peer(self) -> object:
+        return None if self.transport is None else self.transport.get_extra_info("peername")
 
     def _next(self) -> None:
         """The request is over and all of it was handed on: read what came after it."""
@@ -330,7 +437,7 @@ class Connection(asyncio.Protocol):
             self.request is not None and self.request.content.is_eof()
         ):
             return
-        if self.state not in (_State.PASSING, _State.SKIPPING, _State.OPAQUE):
+        if self.state not in (_State.PASSING, _State.SKIPPING, _State.OPAQUE, _State.COLLECTING):
             return
         if self.state is _State.PASSING and self.left == 0:
             return
@@ -371,6 +478,7 @@ class Connection(asyncio.Protocol):
         self.state = _State.CLOSED
         self._disarm()
         self.buf.clear()
+        self.body.clear()
         if self.transport is not None:
             self.transport.close()
 
@@ -378,5 +486,6 @@ class Connection(asyncio.Protocol):
         self.state = _State.CLOSED
         self._disarm()
         self.buf.clear()
+        self.body.clear()
         if self.transport is not None:
             self.transport.abort()

@@ -65,16 +65,17 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Final, cast
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final, cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from cluster import jsonio, logs
+from cluster import logs
 from cluster.clock import Clock
 from server.connection import Connection
 from server.deadline import Deadline
+from server.direct import Reply, Route, status_body
 from server.httphead import Head
 from server.serving_settings import Limits
 
@@ -98,25 +99,13 @@ REASONS: Final = (
 DEADLINE = web.RequestKey("deadline", Deadline)
 """The request's deadline, for the handlers that wait on something (``answer_if_late``)."""
 
-TimeoutOf = Callable[[web.Request], float | None]
-"""Seconds the client of this request waits for its answer; ``None``: no deadline."""
+TimeoutOf = Callable[[str, str, str], float | None]
+"""Seconds the client of a request waits for its answer, from its method, path and
+undecoded query; ``None``: no deadline."""
 
 JSON = "application/json"
-
-
-def status_body(code: int, reason: str, message: str) -> bytes:
-    """A Kubernetes ``Status`` (``metav1.Status``): what client-go decodes an error from."""
-    return jsonio.dumps(
-        {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": message,
-            "reason": reason,
-            "code": code,
-        }
-    )
+CANCEL_WAIT_S: Final = 0.5
+"""After the shutdown grace: how long a cancelled handler has to end."""
 
 
 _PHRASES: Final = {429: "Too Many Requests", 431: "Request Header Fields Too Large"}
@@ -160,6 +149,9 @@ class ConnectionGuard:
         """The most body bytes ever reserved at once (never above the budget)."""
         self._waiting: deque[Connection] = deque()
         self._connections: dict[object, Connection] = {}
+        self._routes: dict[tuple[str, str], Route] = {}
+        """Answered on the connection for the heads framed strictly (``server.direct``)."""
+        self._calls: set[asyncio.Task[None]] = set()
         registry = registry if registry is not None else CollectorRegistry()
         self.shed = Counter(
             f"{prefix}_shed_requests",
@@ -185,6 +177,12 @@ class ConnectionGuard:
 
     # ------------------------------------------------------------ for the servers
 
+    def route(self, method: str, path: str, handler: Route) -> None:
+        """Call ``handler`` on the connection for each strictly framed ``method path``
+        request with a plain body of at most ``max_body_bytes`` (``server.direct``);
+        the server routes the same path to it through aiohttp for the others."""
+        self._routes[method, path] = handler
+
     def protocol_factory(
         self, server: Callable[[], asyncio.Protocol]
     ) -> Callable[[], asyncio.Protocol]:
@@ -204,9 +202,9 @@ class ConnectionGuard:
         the connection that the request is over."""
         conn = self._connections.get(request.protocol)
         arrived = conn.arrived if conn is not None else self.clock.monotonic()
-        timeout = self._timeout_of(request)
-        if timeout is not None:
-            request[DEADLINE] = Deadline.after(arrived, timeout, self.limits.deadline_margin_s)
+        deadline = self.deadline(request.method, request.path, request.query_string, arrived)
+        if deadline is not None:
+            request[DEADLINE] = deadline
         if conn is not None:
             conn.begin(request)
         clean = False
@@ -248,12 +246,24 @@ class ConnectionGuard:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(grace_s):
                     await self._drained.wait()
-        return self.in_flight
+        left = self.in_flight
+        # aiohttp's runner cancels its own handlers afterwards; the routes' calls are ours
+        for call in self._calls:
+            call.cancel()
+        if self._calls:
+            await asyncio.wait(list(self._calls), timeout=CANCEL_WAIT_S)
+        return left
 
     def answer_if_late(self, request: web.Request) -> web.Response | None:
+        """``late`` for an aiohttp request, as its response."""
+        reply = self.late(request.method, request.path, request.get(DEADLINE))
+        if reply is None:
+            return None
+        return web.Response(status=reply.status, body=reply.body, content_type=JSON)
+
+    def late(self, method: str, path: str, deadline: Deadline | None) -> Reply | None:
         """The 504 to answer when the request's deadline (less the margin) has passed,
         counted as shed; ``None`` while an answer can still be on time."""
-        deadline = request.get(DEADLINE)
         if deadline is None:
             return None
         now = self.clock.monotonic()
@@ -262,19 +272,23 @@ class ConnectionGuard:
         self.count("deadline")
         late = now - (deadline.at - deadline.margin)
         message = (
-            f"{request.method} {request.path}: the client's deadline would pass before an "
+            f"{method} {path}: the client's deadline would pass before an "
             f"answer (less than {deadline.margin:g} s left, {late:.3f} s after the last "
             "moment to start); answered at once rather than late"
         )
-        return web.Response(
-            status=504, body=status_body(504, "Timeout", message), content_type=JSON
-        )
+        return Reply(504, status_body(504, "Timeout", message))
 
-    def spare(self, request: web.Request) -> float | None:
-        """Seconds the handler may still wait on something (an API call) and answer on
+    def spare(self, deadline: Deadline | None) -> float | None:
+        """Seconds a handler may still wait on something (an API call) and answer on
         time: the deadline less the margin, from now; ``None``: no deadline."""
-        deadline = request.get(DEADLINE)
         return None if deadline is None else deadline.spare(self.clock.monotonic())
+
+    def deadline(self, method: str, path: str, query: str, arrived: float) -> Deadline | None:
+        """The deadline of a request whose head began at ``arrived``."""
+        timeout = self._timeout_of(method, path, query)
+        if timeout is None:
+            return None
+        return Deadline.after(arrived, timeout, self.limits.deadline_margin_s)
 
     def count(self, reason: str) -> None:
         self._shed[reason].inc()
@@ -287,6 +301,20 @@ class ConnectionGuard:
 
     def unregister(self, inner: object) -> None:
         self._connections.pop(inner, None)
+
+    def route_of(self, head: Head) -> Route | None:
+        """The route that answers this head's request on the connection, if one does."""
+        if not self._routes or not head.framed or head.encoded:
+            return None
+        if head.body > self.limits.max_body_bytes:
+            return None  # aiohttp refuses it, in the server's own words
+        return self._routes.get((head.method, head.path))
+
+    def call(self, answer: Coroutine[Any, Any, None]) -> None:
+        """Run a route's call (``Connection``'s) as a task that drain can cancel."""
+        task = asyncio.get_running_loop().create_task(answer)
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
 
     def enter(self) -> None:
         """A request is handed to aiohttp: one more in flight."""
@@ -372,10 +400,14 @@ class ConnectionGuard:
     def _gone(self, request: web.Request, conn: Connection | None) -> None:
         if conn is not None and conn.cut_off:
             return  # the body deadline closed it, and said so
+        self.went_away(request.method, request.path, request.remote)
+
+    def went_away(self, method: str, path: str, peer: object) -> None:
+        """A request's client hung up before its answer."""
         self.count("client_gone")
         log.warning(
             "client went away before its request was answered",
-            extra=logs.fields(method=request.method, path=request.path, peer=request.remote),
+            extra=logs.fields(method=method, path=path, peer=peer),
         )
 
 

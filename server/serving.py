@@ -46,15 +46,14 @@ from cluster import logs
 from cluster.clock import Clock, SystemClock
 from cluster.echo import echo
 from server import heap
-from server.guard import ConnectionGuard, TimeoutOf
+from server.direct import Call, Reply, Route
+from server.guard import CANCEL_WAIT_S, DEADLINE, ConnectionGuard, TimeoutOf
 from server.serving_settings import Limits, ServingSettings
 from server.tls import CertReloader
 
 log = logging.getLogger(__name__)
 
 NOT_READY = 503
-CANCEL_WAIT_S = 0.5
-"""After the grace: how long a cancelled handler has to end."""
 
 
 @contextlib.asynccontextmanager
@@ -225,6 +224,43 @@ async def read_body(request: web.Request, limit: int, timeout_s: float) -> bytes
     raise BodyRefused(reason, close=True)
 
 
+def add_route(
+    app: web.Application,
+    method: str,
+    path: str,
+    route: Route,
+    *,
+    refused: Callable[[str], Reply],
+) -> None:
+    """Serve ``method path`` by ``route``: on the connection, by the app's guard, for
+    the requests it frames strictly (``server.direct``); through aiohttp for the others,
+    whose body ``read_body`` reads within the guard's limits (one it refuses is answered
+    ``refused(reason)``)."""
+    guard = app[GUARD]
+    guard.route(method, path, route)
+    limit, body_timeout_s = guard.limits.max_body_bytes, guard.limits.body_timeout_s
+
+    async def through_aiohttp(request: web.Request) -> web.Response:
+        try:
+            body = await read_body(request, limit, body_timeout_s)
+        except BodyRefused as exc:
+            reply = refused(exc.reason)
+            close = exc.close
+        else:
+            deadline = request.get(DEADLINE)
+            call = Call(request.method, request.path, request.query_string, body, deadline)
+            reply = await route(call)
+            close = reply.close
+        response = web.Response(
+            status=reply.status, body=reply.body, content_type=reply.content_type
+        )
+        if close:
+            response.force_close()
+        return response
+
+    app.router.add_route(method, path, through_aiohttp)
+
+
 def metrics_app(exposition: Callable[[], bytes], clock: Clock) -> web.Application:
     """``GET /metrics`` alone (Prometheus text from ``exposition()``), guarded too."""
 
@@ -233,7 +269,7 @@ def metrics_app(exposition: Callable[[], bytes], clock: Clock) -> web.Applicatio
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    app[GUARD] = ConnectionGuard(Limits(max_in_flight=8), clock, lambda request: None)
+    app[GUARD] = ConnectionGuard(Limits(max_in_flight=8), clock, lambda method, path, query: None)
     app.middlewares.append(app[GUARD].middleware)
     return app
 

@@ -32,6 +32,9 @@ class Limits:
     skip_body_bytes: int = 64 * 1024
     """A refused request's body up to this size is read and dropped, so that its
     connection stays open for the next; a larger one closes the connection instead."""
+    idle_timeout_s: float = 3630.0
+    """A keep-alive connection with no request under way is closed after this long:
+    aiohttp's own keep-alive timeout, for the requests the guard answers itself."""
 
 
 class ServingSettings(BaseModel):
@@ -58,6 +61,8 @@ class ServingSettings(BaseModel):
     """A request with less than this left before its deadline is answered 504 at once."""
     shutdown_grace_s: float = Field(10.0, ge=0)
     """On SIGTERM: how long the requests under way may take to finish."""
+    idle_timeout_s: float = Field(3630.0, gt=0)
+    """A keep-alive connection with no request under way is closed after this long."""
 
     @model_validator(mode="after")
     def _coherent_limits(self) -> ServingSettings:
@@ -78,6 +83,7 @@ class ServingSettings(BaseModel):
             max_buffered_body_bytes=self.max_buffered_body_bytes,
             max_body_bytes=self.max_body_bytes,
             deadline_margin_s=self.deadline_margin_s,
+            idle_timeout_s=self.idle_timeout_s,
         )
 
 
@@ -116,6 +122,12 @@ def add_serving_flags(flag: Callable[..., None]) -> None:
         dest="deadline_margin_s",
         help="a request with less than this many seconds left before its deadline is "
         "answered 504 at once (default 0.1)",
+        **float_s,
+    )
+    flag(
+        "idle-timeout",
+        dest="idle_timeout_s",
+        help="seconds a keep-alive connection may wait for its next request (default 3630)",
         **float_s,
     )
     flag(

@@ -15,7 +15,7 @@ in that time, or there is none, the object is judged as its own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
@@ -25,6 +25,7 @@ from cluster.files import load_objects
 from cluster.kube import KubeClient, KubeConfig
 from server import serving
 from server.deadline import asked_timeout
+from server.direct import Call, Reply, Route, query_value
 from server.guard import ConnectionGuard, TimeoutOf
 from webhook.metrics import WebhookMetrics
 from webhook.owners import ControllerUsers
@@ -41,10 +42,8 @@ CLOCK = web.AppKey("clock", Clock)
 METRICS = web.AppKey("metrics", WebhookMetrics)
 ENVIRON = web.AppKey("environ", Mapping[str, str])
 
-JSON = "application/json"
 
-
-def _bad_request(reason: str) -> web.Response:
+def _bad_request(reason: str) -> Reply:
     body = {
         "kind": "Status",
         "apiVersion": "v1",
@@ -53,18 +52,31 @@ def _bad_request(reason: str) -> web.Response:
         "reason": "BadRequest",
         "message": reason,
     }
-    return web.Response(status=400, body=jsonio.dumps(body), content_type=JSON)
+    return Reply(400, jsonio.dumps(body))
+
+
+KNOWN_QUERIES = 64
+"""Distinct ``/mutate`` queries whose timeout is kept (any client may send others)."""
 
 
 def review_timeout(settings: WebhookSettings) -> TimeoutOf:
     """How long kube-apiserver waits for a review: its ``?timeout=`` (a Go duration,
     at most ``MAX_TIMEOUT_S``), else ``request_timeout_s``; nothing else has a deadline."""
     default = settings.request_timeout_s
+    # kube-apiserver sends one query for every review of a webhook (``timeout=10s``)
+    known: dict[str, float] = {}
 
-    def timeout_of(request: web.Request) -> float | None:
-        if request.path != "/mutate":
+    def timeout_of(method: str, path: str, query: str) -> float | None:
+        if path != "/mutate":
             return None
-        return asked_timeout(request.query.get("timeout"), default_s=default, max_s=MAX_TIMEOUT_S)
+        timeout = known.get(query)
+        if timeout is None:
+            asked = query_value(query, "timeout")
+            timeout = asked_timeout(asked, default_s=default, max_s=MAX_TIMEOUT_S)
+            if len(known) >= KNOWN_QUERIES:
+                known.clear()
+            known[query] = timeout
+        return timeout
 
     return timeout_of
 
@@ -78,31 +90,23 @@ def mutate_handler(  # noqa: PLR0917 - what the handler binds once, each by its 
     metrics: WebhookMetrics,
     *,
     guard: ConnectionGuard,
-) -> Callable[[web.Request], Awaitable[web.Response]]:
+) -> Route:
     """``POST /mutate``, with what it needs bound once rather than looked up per request."""
-    limit = settings.max_body_bytes
 
-    async def mutate(request: web.Request) -> web.Response:
-        try:
-            body = await serving.read_body(request, limit, settings.body_timeout_s)
-        except serving.BodyRefused as refused:
-            answer = _bad_request(refused.reason)
-            if refused.close:
-                answer.force_close()
-            return answer
-        late = guard.answer_if_late(request)
+    async def mutate(call: Call) -> Reply:
+        late = guard.late(call.method, call.path, call.deadline)
         if late is not None:
             return late
         start = clock.monotonic()
-        outcome = review(body, store.current(), config, owners.view())
+        outcome = review(call.body, store.current(), config, owners.view())
         if outcome.unconfirmed is not None:
             # the object names a controller the watch cache lacks: ask the API once, in
             # the time the review has left
-            view = await owners.confirm(outcome.unconfirmed, within_s=guard.spare(request))
+            view = await owners.confirm(outcome.unconfirmed, within_s=guard.spare(call.deadline))
             if view is not None:
-                outcome = review(body, store.current(), config, view)
+                outcome = review(call.body, store.current(), config, view)
         metrics.observe(outcome, clock.monotonic() - start)
-        return web.Response(status=outcome.status, body=outcome.body, content_type=JSON)
+        return Reply(outcome.status, outcome.body)
 
     return mutate
 
@@ -173,9 +177,12 @@ def create_app(
         registry=app[METRICS].registry,
         prefix="tessera_webhook",
     )
-    app.router.add_post(
+    serving.add_route(
+        app,
+        "POST",
         "/mutate",
         mutate_handler(settings, store, app[OWNERS], app[CONFIG], clock, app[METRICS], guard=guard),
+        refused=_bad_request,
     )
     serving.add_probes(
         app,

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
-from server.serving import GcPauses, MetricChildren
+from server.serving import GcPauses
+from server.tally import Counts, Timings
 from webhook.review_flow import ReviewOutcome
 
 # Admission is on every create's critical path: resolve well below a millisecond.
@@ -20,24 +21,24 @@ class WebhookMetrics:
     def __init__(self, policy_age_s: Callable[[], float]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.gc_pauses = GcPauses(self.registry, "tessera_webhook")
-        self.reviews = Counter(
+        self.reviews = Counts(
+            self.registry,
             "tessera_webhook_reviews",
             "AdmissionReviews answered, by object kind, decision, reason and queue.",
             ("kind", "decision", "reason", "queue"),
-            registry=self.registry,
         )
-        self.latency = Histogram(
+        self.latency = Timings(
+            self.registry,
             "tessera_webhook_review_seconds",
             "Time from body read to answer, decode and decision included.",
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            LATENCY_BUCKETS,
         )
-        self.answers = Counter(
+        self.answers = Counts(
+            self.registry,
             "tessera_webhook_answers",
             "Allowed CREATEs by where the answer came from: kept (an object like it was "
             "answered before, under the same policy) or computed (the rules ran).",
             ("source",),
-            registry=self.registry,
         )
         self.policy_age = Gauge(
             "tessera_webhook_policy_age_seconds",
@@ -45,14 +46,12 @@ class WebhookMetrics:
             registry=self.registry,
         )
         self.policy_age.set_function(policy_age_s)
-        self._reviews = MetricChildren(self.reviews)
-        self._answers = MetricChildren(self.answers)
 
     def observe(self, outcome: ReviewOutcome, seconds: float) -> None:
-        self._reviews(outcome.kind, outcome.decision, outcome.reason, outcome.queue).inc()
+        self.reviews.inc(outcome.kind, outcome.decision, outcome.reason, outcome.queue)
         self.latency.observe(seconds)
         if outcome.answer:
-            self._answers(outcome.answer).inc()
+            self.answers.inc(outcome.answer)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

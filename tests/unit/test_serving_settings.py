@@ -37,6 +37,7 @@ FLAGS = [
     "--request-timeout=2.5",
     "--deadline-margin=0.2",
     "--shutdown-grace=6",
+    "--idle-timeout=75",
 ]
 EXPECTED: dict[str, Any] = {
     "metrics_host": "0.0.0.0",
@@ -49,6 +50,7 @@ EXPECTED: dict[str, Any] = {
     "request_timeout_s": 2.5,
     "deadline_margin_s": 0.2,
     "shutdown_grace_s": 6.0,
+    "idle_timeout_s": 75.0,
 }
 
 
@@ -71,6 +73,7 @@ def test_every_serving_flag_is_read_from_the_command_line_or_the_environment(
         max_buffered_body_bytes=8 * MIB,
         max_body_bytes=MIB,
         deadline_margin_s=0.2,
+        idle_timeout_s=75.0,
     )
 
 
