@@ -39,7 +39,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
@@ -61,10 +62,11 @@ from extender.memo import DecisionCache
 from extender.metrics import ExtenderMetrics
 from extender.settings import ExtenderSettings
 from server import serving
+from server.direct import Call, Reply, Route
+from server.guard import ConnectionGuard
 
 log = logging.getLogger(__name__)
 
-JSON = "application/json"
 NOT_READY = serving.NOT_READY
 
 
@@ -132,119 +134,109 @@ class Handle(Protocol):
     ) -> verbs.Reply: ...
 
 
-# ---------------------------------------------------------------- plumbing
-
-
-def _respond(status: int, body: bytes) -> web.Response:
-    return web.Response(status=status, body=body, content_type=JSON)
-
-
-async def _body(request: web.Request) -> bytes | web.Response:
-    """The request body, or the 400 to answer when it cannot be read."""
-    settings = request.app[SETTINGS]
-    try:
-        return await serving.read_body(request, settings.max_body_bytes, settings.body_timeout_s)
-    except serving.BodyRefused as refused:
-        answer = _respond(verbs.BAD_REQUEST, wire.encode_bad_request(refused.reason))
-        if refused.close:
-            answer.force_close()
-        return answer
-
-
-def _not_ready() -> web.Response:
-    reason = "the extender's cache is not synced with the cluster yet"
-    return _respond(NOT_READY, wire.encode_bad_request(reason))
-
-
-def _early(
-    request: web.Request, verb: str, body: bytes | web.Response
-) -> tuple[web.Response, str] | None:
-    """The answer and its metrics result when there is nothing to decide: unreadable
-    body, too late, cache not synced, cache stale."""
-    if isinstance(body, web.Response):
-        return body, "bad_request"
-    late = request.app[serving.GUARD].answer_if_late(request)
-    if late is not None:
-        return late, "shed"
-    source = request.app[SOURCE]
-    if not source.synced:
-        return _not_ready(), "not_ready"
-    stale = source.stale()
-    if stale:
-        reply = verbs.stale_reply(verb, stale)
-        return _respond(reply.status, reply.body), "stale"
-    return None
-
-
 # ---------------------------------------------------------------- the four verbs
 
 
-async def _decide(request: web.Request, verb: str, handle: Handle) -> web.Response:
-    app = request.app
-    clock, metrics = app[CLOCK], app[METRICS]
-    start = clock.monotonic()
-    body = await _body(request)
-    early = _early(request, verb, body)
-    if early is not None:
-        metrics.answered(verb, early[1], clock.monotonic() - start)
-        return early[0]
-    assert isinstance(body, bytes)
-    began = clock.monotonic()
-    memo = app[CONFIG].memo
-    snapshot = app[CACHE].snapshot()
-    reply = handle(body, snapshot, memo.config, clock.now(), recent=app[BINDS].recent, memo=memo)
-    metrics.decided(verb, clock.monotonic() - began)
-    if reply.outcome is not None:
-        metrics.filtered(reply.outcome)
-    if reply.status == verbs.BAD_REQUEST:
-        result = "bad_request"
-        log.info("bad request", extra=logs.fields(verb=verb, reason=reply.note))
-    else:
-        result = "error" if reply.note else "ok"
-    metrics.answered(verb, result, clock.monotonic() - start)
-    return _respond(reply.status, reply.body)
+@dataclass(frozen=True, slots=True)
+class Verbs:
+    """What the verbs' routes read, bound once by ``create_app`` (not looked up in the
+    app per request)."""
 
+    clock: Clock
+    metrics: ExtenderMetrics
+    config: LiveConfig
+    cache: ClusterCache
+    binds: Binds
+    source: Source
+    guard: ConnectionGuard
 
-async def filter_nodes(request: web.Request) -> web.Response:
-    return await _decide(request, "filter", verbs.handle_filter)
+    def refused(self, verb: str) -> Callable[[str], Reply]:
+        """The 400 for a body that cannot be read."""
 
+        def refused(reason: str) -> Reply:
+            self.metrics.answered(verb, "bad_request", 0.0)
+            return Reply(verbs.BAD_REQUEST, wire.encode_bad_request(reason))
 
-async def prioritize(request: web.Request) -> web.Response:
-    return await _decide(request, "prioritize", verbs.handle_prioritize)
+        return refused
 
+    def early(self, call: Call, verb: str) -> tuple[Reply, str] | None:
+        """The answer and its metrics result when there is nothing to decide: too late,
+        cache not synced, cache stale."""
+        late = self.guard.late(call.method, call.path, call.deadline)
+        if late is not None:
+            return late, "shed"
+        if not self.source.synced:
+            reason = "the extender's cache is not synced with the cluster yet"
+            return Reply(NOT_READY, wire.encode_bad_request(reason)), "not_ready"
+        stale = self.source.stale()
+        if stale:
+            reply = verbs.stale_reply(verb, stale)
+            return Reply(reply.status, reply.body), "stale"
+        return None
 
-async def preempt(request: web.Request) -> web.Response:
-    return await _decide(request, "preempt", verbs.handle_preempt)
+    def deciding(self, verb: str, handle: Handle) -> Route:
+        """``/filter``, ``/prioritize`` or ``/preempt``: one snapshot, one pure call."""
+        clock, metrics = self.clock, self.metrics
 
+        async def decide(call: Call) -> Reply:
+            start = clock.monotonic()
+            early = self.early(call, verb)
+            if early is not None:
+                metrics.answered(verb, early[1], clock.monotonic() - start)
+                return early[0]
+            began = clock.monotonic()
+            memo = self.config.memo
+            snapshot = self.cache.snapshot()
+            reply = handle(
+                call.body, snapshot, memo.config, clock.now(), recent=self.binds.recent, memo=memo
+            )
+            metrics.decided(verb, clock.monotonic() - began)
+            if reply.outcome is not None:
+                metrics.filtered(reply.outcome)
+            if reply.status == verbs.BAD_REQUEST:
+                result = "bad_request"
+                log.info("bad request", extra=logs.fields(verb=verb, reason=reply.note))
+            else:
+                result = "error" if reply.note else "ok"
+            metrics.answered(verb, result, clock.monotonic() - start)
+            return Reply(reply.status, reply.body)
 
-async def bind(request: web.Request) -> web.Response:
-    app = request.app
-    clock, metrics, binds, cache = app[CLOCK], app[METRICS], app[BINDS], app[CACHE]
-    start = clock.monotonic()
-    body = await _body(request)
-    early = _early(request, "bind", body)
-    if early is not None:
-        metrics.answered("bind", early[1], clock.monotonic() - start)
-        return early[0]
-    assert isinstance(body, bytes)
+        return decide
 
-    # From here to the binder's first await: no await, so no other request runs between
-    # the snapshot and the assumption (``binding.Binds``).
-    began = clock.monotonic()
-    memo = app[CONFIG].memo
-    step = verbs.plan_bind(
-        body, cache.snapshot(), memo.config, clock.now(), seen=binds.recent, memo=memo
-    )
-    if isinstance(step, verbs.Reply):
-        metrics.decided("bind", clock.monotonic() - began)
-        result = "bad_request" if step.status == verbs.BAD_REQUEST else "refused"
-        if step.note:
-            log.info("bind refused", extra=logs.fields(result=result, reason=step.note))
-        metrics.answered("bind", result, clock.monotonic() - start)
-        return _respond(step.status, step.body)
-    error = await binds.bind(step, lambda: metrics.decided("bind", clock.monotonic() - began))
-    metrics.answered("bind", "error" if error else "ok", clock.monotonic() - start)
-    return _respond(verbs.OK, verbs.bind_reply(error).body)
+    async def bind(self, call: Call) -> Reply:
+        clock, metrics, binds = self.clock, self.metrics, self.binds
+        start = clock.monotonic()
+        early = self.early(call, "bind")
+        if early is not None:
+            metrics.answered("bind", early[1], clock.monotonic() - start)
+            return early[0]
+        # From here to the binder's first await: no await, so no other request runs
+        # between the snapshot and the assumption (``binding.Binds``).
+        began = clock.monotonic()
+        memo = self.config.memo
+        step = verbs.plan_bind(
+            call.body, self.cache.snapshot(), memo.config, clock.now(), seen=binds.recent, memo=memo
+        )
+        if isinstance(step, verbs.Reply):
+            metrics.decided("bind", clock.monotonic() - began)
+            result = "bad_request" if step.status == verbs.BAD_REQUEST else "refused"
+            if step.note:
+                log.info("bind refused", extra=logs.fields(result=result, reason=step.note))
+            metrics.answered("bind", result, clock.monotonic() - start)
+            return Reply(step.status, step.body)
+        error = await binds.bind(step, lambda: metrics.decided("bind", clock.monotonic() - began))
+        metrics.answered("bind", "error" if error else "ok", clock.monotonic() - start)
+        return Reply(verbs.OK, verbs.bind_reply(error).body)
+
+    def add_to(self, app: web.Application) -> None:
+        """The four verbs' routes (``server.direct``: answered by the guard, or aiohttp)."""
+        for path, verb, route in (
+            ("/filter", "filter", self.deciding("filter", verbs.handle_filter)),
+            ("/prioritize", "prioritize", self.deciding("prioritize", verbs.handle_prioritize)),
+            ("/preempt", "preempt", self.deciding("preempt", verbs.handle_preempt)),
+            ("/bind", "bind", self.bind),
+        ):
+            serving.add_route(app, "POST", path, route, refused=self.refused(verb))
 
 
 # ---------------------------------------------------------------- background work
@@ -377,7 +369,7 @@ def create_app(
     app[METRICS].pod_mix(len(config.pod_mix), 0, changed=False)
     app[serving.GC_PAUSES] = app[METRICS].gc_pauses
     timeout = settings.request_timeout_s
-    serving.guard_app(
+    guard = serving.guard_app(
         app,
         limits=settings.limits(),
         clock=clock,
@@ -403,10 +395,7 @@ def create_app(
         app.cleanup_ctx.append(_learn_pod_mix)
     else:
         app.cleanup_ctx.append(_prepare_gang_shapes)
-    app.router.add_post("/filter", filter_nodes)
-    app.router.add_post("/prioritize", prioritize)
-    app.router.add_post("/bind", bind)
-    app.router.add_post("/preempt", preempt)
+    Verbs(clock, app[METRICS], app[CONFIG], cache, app[BINDS], source, guard).add_to(app)
     serving.add_probes(
         app,
         ready=lambda: source.synced and not source.stale(),

@@ -289,7 +289,7 @@ class Connection(asyncio.Protocol):
         connection goes on)."""
         guard = self.guard
         try:
-            reply = guard.late(call.method, call.path, call.deadline) or await route(call)
+            reply = await route(call)
         except asyncio.CancelledError:
             self._settle()
             self._abort()

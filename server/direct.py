@@ -55,7 +55,9 @@ class Reply:
 
 
 Route = Callable[[Call], Awaitable[Reply]]
-"""A server's handler of one path: never raises for anything a client can send."""
+"""A server's handler of one path: never raises for anything a client can send. Its
+body has been read when it is called, so it checks the deadline first
+(``ConnectionGuard.late``), and counts what it answered in its own metrics."""
 
 
 def status_body(code: int, reason: str, message: str) -> bytes:
