@@ -23,10 +23,14 @@ from types import FrameType
 from cluster import jsonio
 from cluster.clock import SystemClock
 from cluster.kube import KubeError
-from loadtest import demo, real_demo, report, scenario, selfcheck
-from loadtest.fleet import FleetSpec, StreamSpec
-from loadtest.remote_pods import RemoteClusterError
-from loadtest.traces import DEFAULT_DATA_DIR, TraceMissing
+from loadtest.demo import modes as demo
+from loadtest.demo import real as real_demo
+from loadtest.demo import selfcheck
+from loadtest.inputs.fleet import FleetSpec, StreamSpec
+from loadtest.inputs.traces import DEFAULT_DATA_DIR, TraceMissing
+from loadtest.report import summary as report
+from loadtest.sim import scenario
+from loadtest.sim.remote_pods import RemoteClusterError
 
 EXAMPLES = """\
 examples:
@@ -45,10 +49,10 @@ examples:
       --kubeconfig test-cluster.kubeconfig --namespace tessera-loadtest
   python -m loadtest placement --quick          # FGD-style placement quality on openb
   python -m loadtest selfcheck                  # the cluster model alone, no servers
-  python -m loadtest bench-webhook --help       # the webhook benchmark (loadtest.bench_webhook)
+  python -m loadtest bench-webhook --help       # the webhook benchmark (loadtest.bench.webhook)
   python -m loadtest bench-webhook --against kueue   # side by side with Kueue's webhook
-  python -m loadtest bench-extender --help      # the extender benchmark (loadtest.bench_extender)
-  python -m loadtest overload --server webhook  # 1x, 2x, 3x the sustained rate (loadtest.overload)
+  python -m loadtest bench-extender --help      # the extender benchmark (loadtest.bench.extender)
+  python -m loadtest overload --server webhook  # 1x, 2x, 3x its rate (loadtest.bench.overload)
 
 Reports go to reports/<mode>.json and reports/<mode>.html (--out to change).
 """
@@ -380,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["placement"] or (
         len(argv) > 2 and argv[0] == "--data" and argv[2] == "placement"
     ):
-        from loadtest import placement  # noqa: PLC0415 - heavy, only for this mode
+        from loadtest.placement import study as placement  # noqa: PLC0415 - heavy, only for this mode
 
         rest = argv[argv.index("placement") + 1 :]
         if argv[0] == "--data":
@@ -392,13 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["bench-webhook"], ["bench-extender"], ["overload"]):
         # The benchmarks keep their own flags; this is only a way in.
         if argv[0] == "bench-webhook" and any(a.startswith("--against") for a in argv):
-            from loadtest.bench_kueue import main as bench  # noqa: PLC0415 - heavy
+            from loadtest.bench.against_kueue import main as bench  # noqa: PLC0415 - heavy
         elif argv[0] == "bench-webhook":
-            from loadtest.bench_webhook import main as bench  # noqa: PLC0415 - heavy
+            from loadtest.bench.webhook import main as bench  # noqa: PLC0415 - heavy
         elif argv[0] == "bench-extender":
-            from loadtest.bench_extender import main as bench  # noqa: PLC0415 - heavy
+            from loadtest.bench.extender import main as bench  # noqa: PLC0415 - heavy
         else:
-            from loadtest.overload import main as bench  # noqa: PLC0415 - heavy
+            from loadtest.bench.overload import main as bench  # noqa: PLC0415 - heavy
         return bench(argv[1:])
     args = parser.parse_args(argv)
     clock = SystemClock()

@@ -15,10 +15,12 @@ from aiohttp import web
 
 from cluster import jsonio, labels
 from cluster.clock import SystemClock
-from loadtest import fleet, objects, report, scenario
-from loadtest.apiserver import MiniApiServer
-from loadtest.cluster_sim import ClusterSim
-from loadtest.targets import Target, Targets
+from loadtest.inputs import fleet
+from loadtest.report import summary as report
+from loadtest.sim import objects, scenario
+from loadtest.sim.apiserver import MiniApiServer
+from loadtest.sim.cluster_sim import ClusterSim
+from loadtest.sim.targets import Target, Targets
 from tests.processes import serve_app
 
 Obj = dict[str, Any]

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from cluster import jsonio, labels
-from loadtest.bench_cache import GANG_SIZE, write_fleet
+from loadtest.bench.cache import GANG_SIZE, write_fleet
 
 
 def test_the_members_of_a_gang_share_its_namespace_and_id(tmp_path: Path) -> None:

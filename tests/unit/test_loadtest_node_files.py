@@ -18,10 +18,12 @@ from cluster.cache import ClusterCache
 from cluster.clock import ManualClock
 from cluster.feed import CacheFeed
 from cluster.model import NodeName
-from loadtest import demo, fleet, node_files, objects, scenario
 from loadtest.__main__ import _nodes, _spec, main
-from loadtest.fleet import BLOCK_LABEL, RACK_LABEL
-from loadtest.traces import DEFAULT_DATA_DIR, SPOT, TraceNode
+from loadtest.demo import modes as demo
+from loadtest.inputs import fleet, node_files
+from loadtest.inputs.fleet import BLOCK_LABEL, RACK_LABEL
+from loadtest.inputs.traces import DEFAULT_DATA_DIR, SPOT, TraceNode
+from loadtest.sim import objects, scenario
 from webhook.admit import admit
 from webhook.policy_build import policy_from_objects
 from webhook.review import decode_review

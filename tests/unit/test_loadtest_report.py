@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadtest import report, svg
-from loadtest.stats import percentile
+from loadtest.measure.stats import percentile
+from loadtest.report import summary as report
+from loadtest.report import svg
 
 MS = 0.001
 
