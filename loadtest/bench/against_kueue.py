@@ -59,8 +59,6 @@ from cluster.clock import Clock
 from loadtest.bench.review_steps import (
     HEADERS,
     MUTATE_PATH,
-    SERVER_NAME,
-    BenchError,
     ReviewTemplate,
     StepResult,
     StepSpec,
@@ -74,12 +72,12 @@ from loadtest.bench.webhook import (
     Server,
     cpu_model,
     load_captured_review,
-    make_certs,
     policy_objects,
     run_and_report,
     write_policy,
 )
 from loadtest.measure.openloop import Http1Connection
+from loadtest.measure.pinned import SERVER_NAME, BenchError, make_certs
 from loadtest.measure.stats import Histogram
 from loadtest.stack import kueue as kueue_stack
 from loadtest.stack.cluster import KueueOnly, bring_up_kueue

@@ -55,25 +55,32 @@ from cluster.clock import Clock, SystemClock
 from loadtest.bench.extender import LEVELS, args_body, probe_pod, write_cluster
 from loadtest.bench.review_steps import (
     HEADERS,
-    SERVER_NAME,
-    BenchError,
     ReviewTemplate,
     check_answer,
     in_generator_process,
     uid_prefix,
     wait_ready,
 )
-from loadtest.bench.webhook import DEFAULT_CAPTURES as CAPTURES
+from loadtest.bench.webhook import (
+    DEFAULT_CAPTURES as CAPTURES,
+)
 from loadtest.bench.webhook import (
     load_captured_review,
-    make_certs,
     policy_objects,
     run_and_report,
     write_policy,
 )
 from loadtest.measure.openloop import Http1Connection, RequestFailed, RunResult, Schedule, Send
 from loadtest.measure.openloop import run_open_loop as open_loop
-from loadtest.measure.pinned import Pinned, free_port, proc_cpu_s, proc_memory
+from loadtest.measure.pinned import (
+    SERVER_NAME,
+    BenchError,
+    Pinned,
+    free_port,
+    make_certs,
+    proc_cpu_s,
+    proc_memory,
+)
 from server.tls import client_context
 
 MB: Final = 1024 * 1024

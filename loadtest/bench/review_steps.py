@@ -33,24 +33,24 @@ from loadtest.measure.openloop import (
     Send,
     run_open_loop,
 )
-from loadtest.measure.pinned import Pinned, proc_cpu_s, proc_memory, set_priority
+from loadtest.measure.pinned import (
+    SERVER_NAME,
+    BenchError,
+    Pinned,
+    proc_cpu_s,
+    proc_memory,
+    set_priority,
+)
 from loadtest.measure.stats import Summary
 from server.tls import client_context
 
 MUTATE_PATH: Final = "/mutate?timeout=5s"
-SERVER_NAME: Final = "localhost"
-"""The name the client verifies (``python -m certs --dns localhost``), as a Service's DNS
-name would be in a cluster; the socket goes to 127.0.0.1 only."""
 HEADERS: Final = {
     "User-Agent": "kube-apiserver-admission",
     "Accept": "application/json, */*",
     "Content-Type": "application/json",
 }
 """What kube-apiserver sent in the capture (less Host and Content-Length)."""
-
-
-class BenchError(Exception):
-    """Something that stops the benchmark; the message says what to do."""
 
 
 # ---------------------------------------------------------------- the request

@@ -50,7 +50,6 @@ import os
 import pstats
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -69,8 +68,6 @@ from cluster.files import load_objects
 from loadtest.bench.review_steps import (
     HEADERS,
     MUTATE_PATH,
-    SERVER_NAME,
-    BenchError,
     ReviewTemplate,
     StepResult,
     StepSpec,
@@ -84,8 +81,11 @@ from loadtest.measure.openloop import (
 )
 from loadtest.measure.pinned import (
     ROOT,
+    SERVER_NAME,
+    BenchError,
     Pinned,
     free_port,
+    make_certs,
     proc_memory,
 )
 from server.tls import client_context
@@ -970,27 +970,6 @@ def _check_cores(args: argparse.Namespace) -> None:
         )
     if args.nice < 0 and os.geteuid() != 0:
         raise BenchError("a negative --nice needs root")
-
-
-def make_certs(folder: Path) -> None:
-    done = subprocess.run(  # noqa: S603 - our interpreter, our arguments
-        [
-            sys.executable,
-            "-m",
-            "certs",
-            "--out",
-            str(folder),
-            "--dns",
-            SERVER_NAME,
-            "--ip",
-            "127.0.0.1",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise BenchError(f"python -m certs failed: {done.stderr.decode(errors='replace')}")
 
 
 @contextmanager

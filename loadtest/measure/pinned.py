@@ -1,9 +1,9 @@
 """A server under benchmark as a child process pinned to one CPU, and what ``/proc`` says
 of it.
 
-Layer: I/O (starts and stops processes, reads ``/proc``, picks free ports). Used by the
-benchmarks and the load test's local targets; must not decide anything about what the
-server answers.
+Layer: I/O (starts and stops processes, reads ``/proc``, picks free ports, makes the
+servers' certificates). Used by the benchmarks and the load test's local targets; must not
+decide anything about what the server answers.
 """
 
 from __future__ import annotations
@@ -27,6 +27,13 @@ PIN_AND_RUN: Final = (
 )
 """``python -m MODULE ARGS`` on one CPU, pinned before anything is imported (what
 ``taskset -c CPU`` does, without needing util-linux)."""
+SERVER_NAME: Final = "localhost"
+"""The name the client verifies (``python -m certs --dns localhost``), as a Service's DNS
+name would be in a cluster; the socket goes to 127.0.0.1 only."""
+
+
+class BenchError(Exception):
+    """Something that stops the benchmark; the message says what to do."""
 
 
 def free_port() -> int:
@@ -156,3 +163,26 @@ class Pinned:
 
     def rss_mib(self) -> float:
         return proc_memory(self.pid).get("VmRSS", 0) / (1024 * 1024)
+
+
+def make_certs(folder: Path) -> None:
+    """Fresh certificates for the servers under test (``python -m certs``), naming
+    ``SERVER_NAME`` and 127.0.0.1, in ``folder``."""
+    done = subprocess.run(  # noqa: S603 - our interpreter, our arguments
+        [
+            sys.executable,
+            "-m",
+            "certs",
+            "--out",
+            str(folder),
+            "--dns",
+            SERVER_NAME,
+            "--ip",
+            "127.0.0.1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise BenchError(f"python -m certs failed: {done.stderr.decode(errors='replace')}")

@@ -132,7 +132,7 @@ def node_state(
     name: str, model: str, gpus: Sequence[int], cpu_milli: int, memory_mib: int
 ) -> NodeState:
     """The ``NodeState`` that ``cluster.convert.node_from_json`` makes of the trace node's
-    Node object (``loadtest.traces.node_object``), with ``gpus`` free milli per GPU: one
+    Node object (``loadtest.inputs.traces.node_object``), with ``gpus`` free milli per GPU: one
     NVLink island, since the trace has no topology."""
     return NodeState(
         name=NodeName(name),

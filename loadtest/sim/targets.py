@@ -25,8 +25,7 @@ import aiohttp
 
 from cluster import jsonio
 from cluster.clock import Clock
-from loadtest.bench.webhook import make_certs
-from loadtest.measure.pinned import ROOT, free_port, proc_memory
+from loadtest.measure.pinned import ROOT, free_port, make_certs, proc_memory
 from server.tls import client_context
 
 

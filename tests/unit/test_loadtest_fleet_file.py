@@ -1,4 +1,4 @@
-"""The benchmarks' generated fleet (``loadtest.bench_cache.write_fleet``) is a cluster the
+"""The benchmarks' generated fleet (``loadtest.bench.cache.write_fleet``) is a cluster the
 extender can read, whose gangs are real gangs: every member of one in one namespace
 under one gang id, as a Job's pods are."""
 
