@@ -56,10 +56,12 @@ import yaml
 
 from cluster import jsonio
 from cluster.clock import Clock
+from loadtest.bench.command import run_and_report
 from loadtest.bench.review_steps import (
     HEADERS,
     MUTATE_PATH,
     ReviewTemplate,
+    Server,
     StepResult,
     StepSpec,
     check_answer,
@@ -67,17 +69,15 @@ from loadtest.bench.review_steps import (
     uid_prefix,
     wait_ready,
 )
-from loadtest.bench.webhook import (
+from loadtest.bench.search import round_rate
+from loadtest.bench.webhook_policy import (
     DEFAULT_CAPTURES,
-    Server,
-    cpu_model,
     load_captured_review,
     policy_objects,
-    run_and_report,
     write_policy,
 )
 from loadtest.measure.openloop import Http1Connection
-from loadtest.measure.pinned import SERVER_NAME, BenchError, make_certs
+from loadtest.measure.pinned import SERVER_NAME, BenchError, cpu_model, make_certs
 from loadtest.measure.stats import Histogram
 from loadtest.stack import kueue as kueue_stack
 from loadtest.stack.cluster import KueueOnly, bring_up_kueue
@@ -487,11 +487,6 @@ def _variant_lines(result: VariantResult) -> Iterator[str]:
                 yield f"  {name}: {count} failed at {rate:,.0f}/s: {kind}"
 
 
-def _round_rate(rate: float) -> float:
-    step = 50.0 if rate >= 1000 else 10.0
-    return max(step, round(rate / step) * step)
-
-
 class Bench:
     """The steps of one run: slices that alternate between the two servers."""
 
@@ -576,7 +571,7 @@ def run_variant(
     )
     lower = min(p.rate for p in result.saturation.values())
     for load in args.loads:
-        rate = _round_rate(lower * load)
+        rate = round_rate(lower * load)
         result.fixed[rate] = bench.alternate(templates, variant, rate, "fixed")
         say(
             f"{variant.name}: {rate:,.0f}/s p99 "

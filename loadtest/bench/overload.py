@@ -38,11 +38,9 @@ import gc
 import math
 import os
 import random
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -52,6 +50,7 @@ import uvloop
 from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.clock import Clock, SystemClock
+from loadtest.bench.command import run_and_report, temporary_folder
 from loadtest.bench.extender import LEVELS, args_body, probe_pod, write_cluster
 from loadtest.bench.review_steps import (
     HEADERS,
@@ -61,15 +60,8 @@ from loadtest.bench.review_steps import (
     uid_prefix,
     wait_ready,
 )
-from loadtest.bench.webhook import (
-    DEFAULT_CAPTURES as CAPTURES,
-)
-from loadtest.bench.webhook import (
-    load_captured_review,
-    policy_objects,
-    run_and_report,
-    write_policy,
-)
+from loadtest.bench.webhook_policy import DEFAULT_CAPTURES as CAPTURES
+from loadtest.bench.webhook_policy import load_captured_review, policy_objects, write_policy
 from loadtest.measure.openloop import Http1Connection, RequestFailed, RunResult, Schedule, Send
 from loadtest.measure.openloop import run_open_loop as open_loop
 from loadtest.measure.pinned import (
@@ -510,15 +502,6 @@ def _start(args: argparse.Namespace, tmp: Path, stack: ExitStack) -> tuple[Serve
     return server, load
 
 
-@contextmanager
-def temporary_folder() -> Iterator[Path]:
-    folder = Path(tempfile.mkdtemp(prefix="tessera-overload-"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def _at(load: Load, rate: float, duration_s: float) -> Load:
     return Load(
         load.server,
@@ -546,7 +529,7 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> R
     report = Report(args.server, args.deadline, args.connections, args.duration)
     # The orchestrator only waits; keep it off the server's core.
     os.sched_setaffinity(0, {args.client_core})
-    with temporary_folder() as tmp, ExitStack() as stack:
+    with temporary_folder("tessera-overload-") as tmp, ExitStack() as stack:
         server, load = _start(args, tmp, stack)
         ca = Path(load.ca)
         uvloop.run(server.ready(ca, clock))

@@ -38,7 +38,7 @@ from typing import Any, Final
 from cluster import jsonio
 from loadtest.bench.against_kueue import DISTINCT, unsuspended
 from loadtest.bench.review_steps import ReviewTemplate, uid_prefix
-from loadtest.bench.webhook import DEFAULT_CAPTURES, load_captured_review, policy_objects
+from loadtest.bench.webhook_policy import DEFAULT_CAPTURES, load_captured_review, policy_objects
 from server import heap
 from webhook.policy_build import policy_from_objects
 from webhook.queues import Policy

@@ -1,8 +1,9 @@
 """One step of a webhook benchmark: AdmissionReviews sent open loop over keep-alive TLS
-from a load generator process of its own, and what the server's ``/proc`` says it cost.
+from a load generator process of its own, what the server's ``/proc`` says it cost, the
+server it went to (``Server``), and the step as a row of a table (``step_line``).
 
 Layer: I/O (starts a process, opens sockets, reads ``/proc``). Shared by the benchmarks
-that send captured reviews (``bench_webhook``, ``overload``, ``bench_kueue``); the open
+that send captured reviews (``webhook``, ``overload``, ``against_kueue``); the open
 loop itself is ``loadtest.measure.openloop``. Must not decide anything about what a server
 answers beyond whether the benchmark accepts it (``check_answer``).
 """
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import multiprocessing
 import os
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Final
@@ -354,3 +356,51 @@ async def wait_ready(
             await asyncio.sleep(poll_s)
     finally:
         connection.close()
+
+
+# ---------------------------------------------------------------- the server
+
+
+@dataclass(slots=True)
+class Server(Pinned):
+    """One of the two servers, and what the benchmark learns of it besides latency."""
+
+    memory: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Named moments (``idle``, ``warm``, ``end``) → VmRSS/VmHWM."""
+    first_review_s: float = 0.0
+    patch_ops: int = 0
+
+    def note_memory(self, moment: str) -> None:
+        self.memory[moment] = proc_memory(self.pid)
+
+
+# ---------------------------------------------------------------- a step in a table
+
+
+def ms(seconds: float) -> str:
+    """Seconds as milliseconds for a table (two decimals below 10 ms); ``-`` for none."""
+    if seconds == math.inf:
+        return "-"
+    if seconds < 0.01:
+        return f"{seconds * 1000:.2f} ms"
+    return f"{seconds * 1000:.1f} ms"
+
+
+STEP_HEADER: Final = (
+    f"{'server':<9} {'offered/s':>9} {'achieved/s':>10} {'ok':>7} {'err':>4} {'p50':>9} "
+    f"{'p90':>9} {'p99':>9} {'p99.9':>9} {'max':>9} {'lag p99':>9} {'late p99':>9} "
+    f"{'srv CPU':>7} {'CPU/rev':>7}  verdict"
+)
+
+
+def step_line(result: StepResult) -> str:
+    """One step as a row under ``STEP_HEADER``."""
+    run, lat = result.run, result.latency
+    return (
+        f"{result.spec.server:<9} {result.spec.rate:>9,.0f} {run.achieved_rate:>10,.1f} "
+        f"{run.ok:>7,} {run.error_count:>4} {ms(lat.p50):>9} {ms(lat.p90):>9} "
+        f"{ms(lat.p99):>9} {ms(lat.p999):>9} {ms(lat.maximum):>9} "
+        f"{ms(run.lag.summary().p99):>9} {ms(run.late.summary().p99):>9} "
+        f"{result.server_cpu:>7.0%} {result.cpu_per_review * 1e6:>5.0f}us"
+        f"  {result.verdict or run.stopped}"
+    ).rstrip()

@@ -186,3 +186,14 @@ def make_certs(folder: Path) -> None:
     )
     if done.returncode != 0:
         raise BenchError(f"python -m certs failed: {done.stderr.decode(errors='replace')}")
+
+
+def cpu_model() -> str:
+    """The CPU's model name from ``/proc/cpuinfo``, for a report's header."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return "unknown"

@@ -19,7 +19,7 @@ from prometheus_client import Histogram as PromHistogram
 from cluster import jsonio
 from cluster.clock import ManualClock, SystemClock
 from loadtest.bench.review_steps import VARIANT_ANNOTATION, ReviewTemplate, StepResult, StepSpec
-from loadtest.bench.webhook import Criteria, SearchPlan, max_sustained, search
+from loadtest.bench.search import Criteria, SearchPlan, max_sustained, search
 from loadtest.measure.openloop import (
     Http1Connection,
     RequestFailed,
