@@ -51,7 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cluster.clock import Clock, SystemClock
 from loadtest.bench.command import run_and_report, temporary_folder
-from loadtest.bench.extender import LEVELS, args_body, probe_pod, write_cluster
+from loadtest.bench.extender_cluster import LEVELS, args_body, probe_pod, write_cluster
 from loadtest.bench.review_steps import (
     HEADERS,
     ReviewTemplate,
