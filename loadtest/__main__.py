@@ -30,7 +30,7 @@ from loadtest.demo import modes as demo
 from loadtest.demo import real as real_demo
 from loadtest.demo import selfcheck
 from loadtest.inputs.traces import DEFAULT_DATA_DIR, TraceMissing
-from loadtest.report import summary as report
+from loadtest.report.placement_page import placement_page
 from loadtest.sim.remote_pods import RemoteClusterError
 
 
@@ -38,7 +38,7 @@ def _placement_html(json_path: Path) -> None:
     """The FGD figure (allocation vs arrived load per policy) next to the JSON."""
     try:
         data = jsonio.loads(json_path.read_bytes())
-        page = report.placement_page(data, "Tessera placement quality (FGD method, openb)")
+        page = placement_page(data, "Tessera placement quality (FGD method, openb)")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"no placement HTML: {json_path}: {exc}", file=sys.stderr)
         return

@@ -27,8 +27,8 @@ from cluster import jsonio
 from cluster.clock import Clock
 from loadtest.demo import real as real_demo
 from loadtest.inputs.fleet import FleetSpec, StreamSpec
+from loadtest.report import page, summary, terminal
 from loadtest.report import real as real_report
-from loadtest.report import summary as report
 from loadtest.sim import scenario
 from loadtest.sim.cluster_sim import ClusterSim
 from loadtest.stack.cluster import E2ECluster, bring_up
@@ -141,13 +141,13 @@ def execute(
         "remote": spec.remote is not None,
         "wall_s": clock.monotonic() - began,
     }
-    data = report.to_json(result, meta, nominal)
+    data = summary.to_json(result, meta, nominal)
     data["errors_fatal"] = sum(result.errors.values())
     title = f"Tessera load test: {name}, {result.nodes} nodes, {len(result.jobs)} jobs"
     return _publish(
         data,
-        report.summary_lines(result, data),
-        report.html_page(result, data, title),
+        terminal.summary_lines(result, data),
+        page.html_page(result, data, title),
         out_dir / name,
         say=say,
         took_s=clock.monotonic() - began,

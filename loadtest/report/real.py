@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from loadtest.report.summary import page_head, summarize
+from loadtest.report.page import page_head
+from loadtest.report.summary import summarize
 from loadtest.report.svg import Series, cdf_points, line_chart
 
 GANG = "gang"
@@ -189,21 +190,8 @@ def _stranded_pct(sample: Sample) -> float:
 
 def to_json(run: RealRun, meta: Mapping[str, Any]) -> dict[str, Any]:
     allowed = _allowed(run)
-    pods = list(run.pods.values())
     place = placement(run)
-    bad = [j for j in run.jobs.values() if j.kind.startswith("bad-")]
-    unexpected = [
-        j for j in run.jobs.values() if j.denied is not None and not j.kind.startswith("bad-")
-    ]
-    unfinished = [j for j in allowed if j.finished_s is None or j.failed]
-    checks = {
-        "double_booked": len(run.double_booked),
-        "gangs_split": len(place["gangs_split"]),
-        "pods_across_islands": len(place["pods_across_islands"]),
-        "jobs_unfinished": len(unfinished),
-        "unexpected_denials": len(unexpected),
-        "expected_denials_missing": sum(j.denied is None for j in bad),
-    }
+    checks = _checks(run, allowed, place)
     by_kind = {
         kind: {k: summarize(v).to_json() for k, v in waits(run, [kind]).items()}
         for kind in sorted({j.kind for j in allowed})
@@ -212,23 +200,13 @@ def to_json(run: RealRun, meta: Mapping[str, Any]) -> dict[str, Any]:
     for job in allowed:
         if job.admitted_s is not None:
             by_queue.setdefault(job.local_queue, []).append(job.admitted_s - job.created_s)
+    pods = list(run.pods.values())
     return {
         "meta": {**meta, "topology": run.topology, "sample_every_s": run.sample_every_s},
         "duration_s": run.duration_s,
         "arrivals_s": run.arrivals_s,
         "fleet": {"nodes": run.nodes, "gpus": run.gpus_total},
-        "jobs": {
-            "created": len(run.jobs),
-            "denied": len(run.jobs) - len(allowed),
-            "submitted": len(allowed),
-            "admitted": sum(j.admitted_s is not None for j in allowed),
-            "all_pods_bound": sum(j.bound_s is not None for j in allowed),
-            "completed": sum(j.finished_s is not None and not j.failed for j in allowed),
-            "failed": sum(j.failed for j in allowed),
-            "waiting_at_end": sum(j.admitted_s is None for j in allowed),
-            "evicted": sum(bool(j.evictions) for j in allowed),
-            "eviction_reasons": sorted({r for j in allowed for r in j.evictions}),
-        },
+        "jobs": _job_counts(run, allowed),
         "pods": {
             "created": len(pods),
             "bound": sum(p.bound_s is not None for p in pods),
@@ -238,18 +216,7 @@ def to_json(run: RealRun, meta: Mapping[str, Any]) -> dict[str, Any]:
         "wait_s_by_kind": by_kind,
         "queue_wait_s": {q: summarize(w).to_json() for q, w in sorted(by_queue.items())},
         "gpu_allocation": allocation(run),
-        "samples": [
-            {
-                "at_s": round(x.at_s, 3),
-                "gpus_allocated": x.gpus_allocated,
-                "pods_running": x.pods_running,
-                "pods_pending": x.pods_pending,
-                "jobs_waiting": sum(x.jobs_waiting.values()),
-                "free_gpus": x.free_gpus,
-                "free_in_whole_islands": x.free_in_whole_islands,
-            }
-            for x in run.samples
-        ],
+        "samples": [_sample_json(x) for x in run.samples],
         "placement": place,
         "denials": [
             {"job": f"{j.namespace}/{j.name}", "kind": j.kind, "message": j.denied}
@@ -258,23 +225,67 @@ def to_json(run: RealRun, meta: Mapping[str, Any]) -> dict[str, Any]:
         ],
         "double_booked": list(run.double_booked),
         "checks": {**checks, "ok": not any(checks.values())},
-        "per_job": [
-            {
-                "job": f"{j.namespace}/{j.name}",
-                "kind": j.kind,
-                "queue": j.local_queue,
-                "pods": j.pods,
-                "run_s": j.run_s,
-                "flavor": j.flavor,
-                "created_s": j.created_s,
-                "admitted_s": j.admitted_s,
-                "bound_s": j.bound_s,
-                "finished_s": j.finished_s,
-                "failed": j.failed,
-                "evictions": sorted(j.evictions),
-            }
-            for j in allowed
-        ],
+        "per_job": [_job_json(j) for j in allowed],
+    }
+
+
+def _checks(run: RealRun, allowed: list[JobRecord], place: Mapping[str, Any]) -> dict[str, int]:
+    bad = [j for j in run.jobs.values() if j.kind.startswith("bad-")]
+    unexpected = [
+        j for j in run.jobs.values() if j.denied is not None and not j.kind.startswith("bad-")
+    ]
+    unfinished = [j for j in allowed if j.finished_s is None or j.failed]
+    return {
+        "double_booked": len(run.double_booked),
+        "gangs_split": len(place["gangs_split"]),
+        "pods_across_islands": len(place["pods_across_islands"]),
+        "jobs_unfinished": len(unfinished),
+        "unexpected_denials": len(unexpected),
+        "expected_denials_missing": sum(j.denied is None for j in bad),
+    }
+
+
+def _job_counts(run: RealRun, allowed: list[JobRecord]) -> dict[str, Any]:
+    return {
+        "created": len(run.jobs),
+        "denied": len(run.jobs) - len(allowed),
+        "submitted": len(allowed),
+        "admitted": sum(j.admitted_s is not None for j in allowed),
+        "all_pods_bound": sum(j.bound_s is not None for j in allowed),
+        "completed": sum(j.finished_s is not None and not j.failed for j in allowed),
+        "failed": sum(j.failed for j in allowed),
+        "waiting_at_end": sum(j.admitted_s is None for j in allowed),
+        "evicted": sum(bool(j.evictions) for j in allowed),
+        "eviction_reasons": sorted({r for j in allowed for r in j.evictions}),
+    }
+
+
+def _sample_json(x: Sample) -> dict[str, Any]:
+    return {
+        "at_s": round(x.at_s, 3),
+        "gpus_allocated": x.gpus_allocated,
+        "pods_running": x.pods_running,
+        "pods_pending": x.pods_pending,
+        "jobs_waiting": sum(x.jobs_waiting.values()),
+        "free_gpus": x.free_gpus,
+        "free_in_whole_islands": x.free_in_whole_islands,
+    }
+
+
+def _job_json(j: JobRecord) -> dict[str, Any]:
+    return {
+        "job": f"{j.namespace}/{j.name}",
+        "kind": j.kind,
+        "queue": j.local_queue,
+        "pods": j.pods,
+        "run_s": j.run_s,
+        "flavor": j.flavor,
+        "created_s": j.created_s,
+        "admitted_s": j.admitted_s,
+        "bound_s": j.bound_s,
+        "finished_s": j.finished_s,
+        "failed": j.failed,
+        "evictions": sorted(j.evictions),
     }
 
 
@@ -288,7 +299,7 @@ def _s(summary: Mapping[str, Any]) -> str:
 
 
 def summary_lines(run: RealRun, data: Mapping[str, Any]) -> list[str]:
-    jobs, place, util = data["jobs"], data["placement"], data["gpu_allocation"]
+    jobs, util = data["jobs"], data["gpu_allocation"]
     lines = [
         f"cluster: {run.nodes} nodes, {run.gpus_total} GPUs (fake nodes, real control plane); "
         f"{MODE_NAMES.get(run.topology, run.topology)}",
@@ -300,8 +311,29 @@ def summary_lines(run: RealRun, data: Mapping[str, Any]) -> list[str]:
     ]
     for d in data["denials"][:8]:
         lines.append(f"  denied {d['job']} ({d['kind']}): {d['message']}")
+    lines += ["", *_wait_lines(data), "", *_placement_lines(data)]
     lines += [
         "",
+        f"GPU allocation: {util['mean_pct_second_half']:.1f} % mean in the second half of "
+        f"arrivals, {util['mean_pct_while_arriving']:.1f} % while arriving, peak "
+        f"{util['peak_pct']:.1f} % ({util['peak_gpus']:.1f} of {run.gpus_total} GPUs)",
+    ]
+    c = data["checks"]
+    lines.append(
+        "checks: "
+        + ("all passed" if c["ok"] else "FAILED")
+        + f" (double-booked {c['double_booked']}, gangs split {c['gangs_split']}, "
+        f"pods across islands {c['pods_across_islands']}, jobs unfinished "
+        f"{c['jobs_unfinished']}, unexpected denials {c['unexpected_denials']})"
+    )
+    return lines
+
+
+def _wait_lines(data: Mapping[str, Any]) -> list[str]:
+    """Kueue's admissions and evictions, the jobs' outcomes, and the waits per phase,
+    kind and queue."""
+    jobs = data["jobs"]
+    lines = [
         f"Kueue: {jobs['admitted']} admitted, {jobs['waiting_at_end']} still waiting, "
         f"{jobs['evicted']} evicted at least once"
         + (f" ({', '.join(jobs['eviction_reasons'])})" if jobs["eviction_reasons"] else ""),
@@ -322,8 +354,12 @@ def summary_lines(run: RealRun, data: Mapping[str, Any]) -> list[str]:
         lines.append(f"  {'  ' + kind + ' (created -> bound)':<34}{s['count']:>6} {_s(s)}")
     for queue, s in data["queue_wait_s"].items():
         lines.append(f"  {'  ' + queue + ' (to admission)':<34}{s['count']:>6} {_s(s)}")
-    lines += [
-        "",
+    return lines
+
+
+def _placement_lines(data: Mapping[str, Any]) -> list[str]:
+    place = data["placement"]
+    lines = [
         f"placement (kube-scheduler + extender): {data['pods']['bound']} of "
         f"{data['pods']['created']} pods bound",
         f"  gangs in one rack: {place['gangs_in_one_rack']} of {place['gangs_placed']}",
@@ -338,20 +374,6 @@ def summary_lines(run: RealRun, data: Mapping[str, Any]) -> list[str]:
         lines.append(f"    {problem}")
     for problem in (*place["gangs_split"][:3], *place["pods_across_islands"][:3]):
         lines.append(f"    {problem}")
-    lines += [
-        "",
-        f"GPU allocation: {util['mean_pct_second_half']:.1f} % mean in the second half of "
-        f"arrivals, {util['mean_pct_while_arriving']:.1f} % while arriving, peak "
-        f"{util['peak_pct']:.1f} % ({util['peak_gpus']:.1f} of {run.gpus_total} GPUs)",
-    ]
-    c = data["checks"]
-    lines.append(
-        "checks: "
-        + ("all passed" if c["ok"] else "FAILED")
-        + f" (double-booked {c['double_booked']}, gangs split {c['gangs_split']}, "
-        f"pods across islands {c['pods_across_islands']}, jobs unfinished "
-        f"{c['jobs_unfinished']}, unexpected denials {c['unexpected_denials']})"
-    )
     return lines
 
 
@@ -407,6 +429,39 @@ def compare_lines(runs: Mapping[str, Mapping[str, Any]]) -> list[str]:
 
 
 def html_page(run: RealRun, data: Mapping[str, Any], title: str) -> str:
+    gpu, cdf, waiting, frag = _charts(run, data)
+    wait_rows = "".join(
+        f"<tr><td>{escape(label)}</td><td>{s['count']}</td>"
+        + "".join(f"<td>{s[k]:.2f}</td>" for k in ("p50_s", "p90_s", "p99_s", "max_s"))
+        + "</tr>"
+        for label, s in (
+            *((f"all: {k}", v) for k, v in data["wait_s"].items()),
+            *((f"{kind}: total", v["total"]) for kind, v in data["wait_s_by_kind"].items()),
+        )
+    )
+    facts = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in _figures(data))
+    denials = "".join(
+        f"<li><b>{escape(d['job'])}</b> ({escape(d['kind'])}): {escape(str(d['message']))}</li>"
+        for d in data["denials"]
+    )
+    problems = "".join(f"<li>{escape(p)}</li>" for p in data["double_booked"])
+    return f"""{page_head(title)}
+<h1>{escape(title)}</h1>
+<p>{escape(MODE_NAMES.get(run.topology, run.topology))}. {run.nodes} fake nodes,
+{run.gpus_total} GPUs; real kube-apiserver, Kueue, kube-scheduler with Tessera's extender.</p>
+<table>{facts}</table>
+<h2>Waits (s; sampled every {run.sample_every_s:g} s)</h2>
+<table><tr><th>jobs</th><th>count</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>
+{wait_rows}</table>
+<div class="grid">{gpu}{cdf}{waiting}{frag}</div>
+<h2>GPUs double-booked</h2><ul>{problems or "<li>none</li>"}</ul>
+<h2>Denied at admission</h2><ul>{denials or "<li>none</li>"}</ul>
+</body></html>
+"""
+
+
+def _charts(run: RealRun, data: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    """GPU allocation, the waits' CDF per kind, jobs waiting, and fragmentation."""
     total = max(run.gpus_total, 1)
     quota = float(data.get("meta", {}).get("quota_nominal_gpus", 0))
     gpu_series = [
@@ -463,31 +518,4 @@ def html_page(run: RealRun, data: Mapping[str, Any], title: str) -> str:
         y_unit="%",
         step=True,
     )
-    wait_rows = "".join(
-        f"<tr><td>{escape(label)}</td><td>{s['count']}</td>"
-        + "".join(f"<td>{s[k]:.2f}</td>" for k in ("p50_s", "p90_s", "p99_s", "max_s"))
-        + "</tr>"
-        for label, s in (
-            *((f"all: {k}", v) for k, v in data["wait_s"].items()),
-            *((f"{kind}: total", v["total"]) for kind, v in data["wait_s_by_kind"].items()),
-        )
-    )
-    facts = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in _figures(data))
-    denials = "".join(
-        f"<li><b>{escape(d['job'])}</b> ({escape(d['kind'])}): {escape(str(d['message']))}</li>"
-        for d in data["denials"]
-    )
-    problems = "".join(f"<li>{escape(p)}</li>" for p in data["double_booked"])
-    return f"""{page_head(title)}
-<h1>{escape(title)}</h1>
-<p>{escape(MODE_NAMES.get(run.topology, run.topology))}. {run.nodes} fake nodes,
-{run.gpus_total} GPUs; real kube-apiserver, Kueue, kube-scheduler with Tessera's extender.</p>
-<table>{facts}</table>
-<h2>Waits (s; sampled every {run.sample_every_s:g} s)</h2>
-<table><tr><th>jobs</th><th>count</th><th>p50</th><th>p90</th><th>p99</th><th>max</th></tr>
-{wait_rows}</table>
-<div class="grid">{gpu}{cdf}{waiting}{frag}</div>
-<h2>GPUs double-booked</h2><ul>{problems or "<li>none</li>"}</ul>
-<h2>Denied at admission</h2><ul>{denials or "<li>none</li>"}</ul>
-</body></html>
-"""
+    return gpu, cdf, waiting, frag

@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
+from typing import Final
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2")
 WIDTH, HEIGHT = 640, 330
@@ -77,23 +78,9 @@ def line_chart(
     if not points:
         return _empty(title)
     xs, ys = [p[0] for p in points], [p[1] for p in points]
-    if log_x:
-        x_ticks = log_ticks(min(xs), max(xs))
-        x_lo, x_hi = math.log10(x_ticks[0]), math.log10(x_ticks[-1])
-    else:
-        x_ticks = nice_ticks(min(xs), max(xs))
-        x_lo, x_hi = x_ticks[0], x_ticks[-1]
+    x_ticks = log_ticks(min(xs), max(xs)) if log_x else nice_ticks(min(xs), max(xs))
     y_ticks = nice_ticks(min(ys) if y_min is None else y_min, max(ys) if y_max is None else y_max)
-    y_lo, y_hi = y_ticks[0], y_ticks[-1]
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-
-    def px(x: float) -> float:
-        v = math.log10(x) if log_x else x
-        return LEFT + (v - x_lo) / ((x_hi - x_lo) or 1.0) * plot_w
-
-    def py(y: float) -> float:
-        return TOP + plot_h - (y - y_lo) / ((y_hi - y_lo) or 1.0) * plot_h
-
+    frame = _Frame(x_ticks[0], x_ticks[-1], y_ticks[0], y_ticks[-1], log_x)
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
         f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif" font-size="11">',
@@ -101,44 +88,86 @@ def line_chart(
         f'<text x="{WIDTH / 2}" y="18" text-anchor="middle" font-size="14" '
         f'font-weight="bold">{escape(title)}</text>',
     ]
+    out += _grid(frame, x_ticks, y_ticks, x_unit, y_unit)
+    out += _axes(x_label, y_label)
+    out += _lines(frame, series, step)
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+PLOT_W: Final = WIDTH - LEFT - RIGHT
+PLOT_H: Final = HEIGHT - TOP - BOTTOM
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """Where a value lands on the plot: the axes' ends (ticks, not logs) and the scale."""
+
+    x_first: float
+    x_last: float
+    y_lo: float
+    y_hi: float
+    log_x: bool
+
+    def px(self, x: float) -> float:
+        if self.log_x:
+            lo, hi, v = math.log10(self.x_first), math.log10(self.x_last), math.log10(x)
+        else:
+            lo, hi, v = self.x_first, self.x_last, x
+        return LEFT + (v - lo) / ((hi - lo) or 1.0) * PLOT_W
+
+    def py(self, y: float) -> float:
+        return TOP + PLOT_H - (y - self.y_lo) / ((self.y_hi - self.y_lo) or 1.0) * PLOT_H
+
+
+def _grid(
+    frame: _Frame, x_ticks: Sequence[float], y_ticks: Sequence[float], x_unit: str, y_unit: str
+) -> list[str]:
+    out = []
     for t in x_ticks:
-        x = px(t)
+        x = frame.px(t)
         out.append(
-            f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{TOP + plot_h}" stroke="#eee"/>'
+            f'<line x1="{x:.1f}" y1="{TOP}" x2="{x:.1f}" y2="{TOP + PLOT_H}" stroke="#eee"/>'
         )
         out.append(
-            f'<text x="{x:.1f}" y="{TOP + plot_h + 14}" text-anchor="middle">'
+            f'<text x="{x:.1f}" y="{TOP + PLOT_H + 14}" text-anchor="middle">'
             f"{escape(_label(t, x_unit))}</text>"
         )
     for t in y_ticks:
-        y = py(t)
+        y = frame.py(t)
         out.append(
-            f'<line x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + plot_w}" y2="{y:.1f}" stroke="#eee"/>'
+            f'<line x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + PLOT_W}" y2="{y:.1f}" stroke="#eee"/>'
         )
         out.append(
             f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end">'
             f"{escape(_label(t, y_unit))}</text>"
         )
-    out.append(
-        f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#888"/>'
-    )
-    out.append(
-        f'<text x="{LEFT + plot_w / 2}" y="{TOP + plot_h + 30}" text-anchor="middle">'
-        f"{escape(x_label)}</text>"
-    )
-    out.append(
-        f'<text x="14" y="{TOP + plot_h / 2}" text-anchor="middle" '
-        f'transform="rotate(-90 14 {TOP + plot_h / 2})">{escape(y_label)}</text>'
-    )
+    return out
+
+
+def _axes(x_label: str, y_label: str) -> list[str]:
+    return [
+        f'<rect x="{LEFT}" y="{TOP}" width="{PLOT_W}" height="{PLOT_H}" '
+        'fill="none" stroke="#888"/>',
+        f'<text x="{LEFT + PLOT_W / 2}" y="{TOP + PLOT_H + 30}" text-anchor="middle">'
+        f"{escape(x_label)}</text>",
+        f'<text x="14" y="{TOP + PLOT_H / 2}" text-anchor="middle" '
+        f'transform="rotate(-90 14 {TOP + PLOT_H / 2})">{escape(y_label)}</text>',
+    ]
+
+
+def _lines(frame: _Frame, series: Sequence[Series], step: bool) -> list[str]:
+    """One polyline per series, and its entry in the legend."""
+    out = []
     legend_x, legend_y = LEFT, HEIGHT - 18
     for i, s in enumerate(series):
         color = PALETTE[i % len(PALETTE)]
-        pts = [p for p in s.points if not log_x or p[0] > 0]
+        pts = [p for p in s.points if not frame.log_x or p[0] > 0]
         coords: list[str] = []
         for j, (x, y) in enumerate(pts):
             if step and j:
-                coords.append(f"{px(x):.1f},{py(pts[j - 1][1]):.1f}")
-            coords.append(f"{px(x):.1f},{py(y):.1f}")
+                coords.append(f"{frame.px(x):.1f},{frame.py(pts[j - 1][1]):.1f}")
+            coords.append(f"{frame.px(x):.1f},{frame.py(y):.1f}")
         dash = ' stroke-dasharray="5,3"' if s.dashed else ""
         if coords:
             out.append(
@@ -151,8 +180,7 @@ def line_chart(
         )
         out.append(f'<text x="{legend_x + 22}" y="{legend_y}">{escape(s.label)}</text>')
         legend_x += 30 + 7 * len(s.label)
-    out.append("</svg>")
-    return "\n".join(out)
+    return out
 
 
 def _empty(title: str) -> str:
