@@ -14,7 +14,7 @@ from typing import Any
 from loadtest.measure.stats import Summary
 from loadtest.report.summary import latency_summaries, rate_series
 from loadtest.report.svg import Series, cdf_points, line_chart
-from loadtest.sim.cluster_sim import SimResult
+from loadtest.sim.records import SimResult
 
 PAGE_STYLE = """\
 body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1340px; }

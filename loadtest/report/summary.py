@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loadtest.measure.stats import EMPTY_SUMMARY, Summary, percentile
-from loadtest.sim.cluster_sim import SimResult
+from loadtest.sim.records import SimResult
 
 EXTENDER_VERBS = ("filter", "prioritize", "bind")
 ALL_EXTENDER = "extender (all verbs)"

@@ -13,7 +13,7 @@ from typing import Any
 
 from loadtest.measure.stats import Summary
 from loadtest.report.summary import latency_summaries, summarize
-from loadtest.sim.cluster_sim import SimResult
+from loadtest.sim.records import SimResult
 
 
 def _ms(seconds: float) -> str:

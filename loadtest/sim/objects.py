@@ -103,50 +103,63 @@ def apply_json_patch(target: Obj, ops: list[Obj]) -> Obj:
     ``BadAnswer`` for a patch kube-apiserver would refuse."""
     doc = copy.deepcopy(target)
     for op in ops:
-        path = op.get("path", "")
-        parts = [_unescape(p) for p in path.split("/")[1:]]
-        if not parts:
-            raise BadAnswer(f"patch op {op.get('op')} on the whole document")
-        parent: Any = doc
-        try:
-            for part in parts[:-1]:
-                parent = parent[int(part)] if isinstance(parent, list) else parent[part]
-        except (KeyError, IndexError, ValueError, TypeError) as exc:
-            raise BadAnswer(f"patch path {path} does not exist") from exc
-        last, kind = parts[-1], op.get("op")
-        if kind in ("copy", "move"):
-            value = _get(doc, op.get("from", ""))
-            if kind == "move":
-                apply_json_patch(doc, [{"op": "remove", "path": op["from"]}])
-            op = {"op": "add", "path": path, "value": copy.deepcopy(value)}  # noqa: PLW2901
-            kind = "add"
-        try:
-            if kind == "test":
-                if _get(doc, path) != op.get("value"):
-                    raise BadAnswer(f"patch test failed at {path}")
-            elif isinstance(parent, list):
-                index = len(parent) if last == "-" else int(last)
-                if kind == "add":
-                    parent.insert(index, op["value"])
-                elif kind == "remove":
-                    del parent[index]
-                elif kind == "replace":
-                    parent[index] = op["value"]
-                else:
-                    raise BadAnswer(f"unknown patch op {kind!r}")
-            elif kind == "add":
-                parent[last] = op["value"]
-            elif kind == "replace":
-                if last not in parent:
-                    raise BadAnswer(f"replace of missing {path}")
-                parent[last] = op["value"]
-            elif kind == "remove":
-                del parent[last]
-            else:
-                raise BadAnswer(f"unknown patch op {kind!r}")
-        except (KeyError, IndexError, ValueError, TypeError) as exc:
-            raise BadAnswer(f"patch op {kind} at {path} cannot apply: {exc}") from exc
+        _apply_one(doc, op)
     return doc
+
+
+def _apply_one(doc: Obj, op: Obj) -> None:
+    path = op.get("path", "")
+    parts = [_unescape(p) for p in path.split("/")[1:]]
+    if not parts:
+        raise BadAnswer(f"patch op {op.get('op')} on the whole document")
+    parent: Any = doc
+    try:
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
+    except (KeyError, IndexError, ValueError, TypeError) as exc:
+        raise BadAnswer(f"patch path {path} does not exist") from exc
+    last, kind = parts[-1], op.get("op")
+    if kind in ("copy", "move"):
+        value = _get(doc, op.get("from", ""))
+        if kind == "move":
+            apply_json_patch(doc, [{"op": "remove", "path": op["from"]}])
+        op = {"op": "add", "path": path, "value": copy.deepcopy(value)}
+        kind = "add"
+    try:
+        if kind == "test":
+            if _get(doc, path) != op.get("value"):
+                raise BadAnswer(f"patch test failed at {path}")
+        elif isinstance(parent, list):
+            _in_list(parent, last, kind, op)
+        else:
+            _in_object(parent, last, kind, op, path)
+    except (KeyError, IndexError, ValueError, TypeError) as exc:
+        raise BadAnswer(f"patch op {kind} at {path} cannot apply: {exc}") from exc
+
+
+def _in_list(parent: list[Any], last: str, kind: object, op: Obj) -> None:
+    index = len(parent) if last == "-" else int(last)
+    if kind == "add":
+        parent.insert(index, op["value"])
+    elif kind == "remove":
+        del parent[index]
+    elif kind == "replace":
+        parent[index] = op["value"]
+    else:
+        raise BadAnswer(f"unknown patch op {kind!r}")
+
+
+def _in_object(parent: Obj, last: str, kind: object, op: Obj, path: str) -> None:
+    if kind == "add":
+        parent[last] = op["value"]
+    elif kind == "replace":
+        if last not in parent:
+            raise BadAnswer(f"replace of missing {path}")
+        parent[last] = op["value"]
+    elif kind == "remove":
+        del parent[last]
+    else:
+        raise BadAnswer(f"unknown patch op {kind!r}")
 
 
 def _get(doc: Any, path: str) -> Any:

@@ -14,6 +14,7 @@ import random
 import shutil
 import tempfile
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -27,9 +28,10 @@ from loadtest.inputs import node_files, trace_input, traces
 from loadtest.measure.pinned import ROOT
 from loadtest.sim import verb_rate
 from loadtest.sim.apiserver import NODES, MiniApiServer
-from loadtest.sim.cluster_sim import ClusterSim, SimResult
+from loadtest.sim.cluster_sim import ClusterSim
+from loadtest.sim.records import SimResult
 from loadtest.sim.remote_pods import RemoteClusterError, RemotePods
-from loadtest.sim.targets import local_servers, remote, write_objects
+from loadtest.sim.targets import Targets, local_servers, remote, write_objects
 
 EXAMPLES_DIR = ROOT / "manifests" / "examples"
 POLICY_FILES = (
@@ -154,52 +156,14 @@ async def run(
     try:
         write_objects(folder / "nodes.json", prepared.nodes)
         async with MiniApiServer() as api, contextlib.AsyncExitStack() as stack:
-            remote_pods = None
-            if spec.remote is not None and spec.remote.kubeconfig is not None:
-                config = await KubeConfig.from_kubeconfig(spec.remote.kubeconfig)
-                remote_pods = await stack.enter_async_context(
-                    RemotePods(config, spec.remote.namespace)
-                )
-                names = [n["metadata"]["name"] for n in prepared.nodes]
-                missing = await remote_pods.missing_nodes(names)
-                if missing:
-                    raise RemoteClusterError(
-                        f"{len(missing)} of the run's {len(names)} nodes are not in the "
-                        f"cluster (e.g. {', '.join(missing[:3])}): the load test schedules "
-                        "over its own node list, so the cluster must have those nodes "
-                        "(see --keep's nodes.json)"
-                    )
+            remote_pods = await _remote_pods(spec, prepared, stack)
             for node in prepared.nodes:
                 api.put(NODES, node)
-            targets_cm = (
-                local_servers(
-                    folder,
-                    prepared.policy,
-                    api.kubeconfig(folder),
-                    [
-                        "--topology-levels",
-                        fleet_mod.TOPOLOGY_LEVELS,
-                        "--assume-ttl",
-                        "120",
-                    ],
-                    clock,
-                )
-                if spec.remote is None
-                else remote(
-                    spec.remote.webhook_url,
-                    spec.remote.extender_url,
-                    clock,
-                    ca=spec.remote.ca,
-                    client_cert=spec.remote.client_cert,
-                    client_key=spec.remote.client_key,
-                )
-            )
-            sim_nodes = prepared.nodes
-            async with targets_cm as targets:
+            async with _targets(spec, prepared, api, folder, clock) as targets:
                 sim = ClusterSim(
                     targets,
                     api,
-                    sim_nodes,
+                    prepared.nodes,
                     prepared.policy,
                     prepared.jobs,
                     clock=clock,
@@ -211,28 +175,77 @@ async def run(
                 )
                 result = await sim.run()
                 if spec.verb_rate:
-                    # as many candidates as kube-scheduler sends for one pod at this scale
-                    asked = list(sim.rooms)[: sim.nodes_to_find]
-                    runs = await verb_rate.run_verbs(
-                        targets.webhook.url,
-                        targets.extender.url,
-                        asked,
-                        clock,
-                        webhook_ssl=targets.webhook.tls,
-                        extender_ssl=targets.extender.tls,
-                        rate=spec.verb_rate,
-                        duration_s=spec.verb_duration_s,
+                    await _each_verb_alone(
+                        spec.verb_rate, spec.verb_duration_s, sim, targets, result
                     )
-                    result.open_loop = {r.verb: r.to_json() for r in runs}
-                    for target in (targets.webhook, targets.extender):
-                        target.note_rss(sim.now_s())
-                    result.rss = {
-                        t.name: list(t.rss_samples) for t in (targets.webhook, targets.extender)
-                    }
         return result, prepared
     finally:
         if spec.keep_dir is None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _remote_pods(
+    spec: RunSpec, prepared: Prepared, stack: contextlib.AsyncExitStack
+) -> RemotePods | None:
+    """A remote run's pods in the deployment's cluster, once its nodes are known there."""
+    if spec.remote is None or spec.remote.kubeconfig is None:
+        return None
+    config = await KubeConfig.from_kubeconfig(spec.remote.kubeconfig)
+    remote_pods = await stack.enter_async_context(RemotePods(config, spec.remote.namespace))
+    names = [n["metadata"]["name"] for n in prepared.nodes]
+    missing = await remote_pods.missing_nodes(names)
+    if missing:
+        raise RemoteClusterError(
+            f"{len(missing)} of the run's {len(names)} nodes are not in the "
+            f"cluster (e.g. {', '.join(missing[:3])}): the load test schedules "
+            "over its own node list, so the cluster must have those nodes "
+            "(see --keep's nodes.json)"
+        )
+    return remote_pods
+
+
+def _targets(
+    spec: RunSpec, prepared: Prepared, api: MiniApiServer, folder: Path, clock: Clock
+) -> AbstractAsyncContextManager[Targets]:
+    """Both servers started here, watching ``api``, or the remote deployment's."""
+    if spec.remote is None:
+        return local_servers(
+            folder,
+            prepared.policy,
+            api.kubeconfig(folder),
+            ["--topology-levels", fleet_mod.TOPOLOGY_LEVELS, "--assume-ttl", "120"],
+            clock,
+        )
+    return remote(
+        spec.remote.webhook_url,
+        spec.remote.extender_url,
+        clock,
+        ca=spec.remote.ca,
+        client_cert=spec.remote.client_cert,
+        client_key=spec.remote.client_key,
+    )
+
+
+async def _each_verb_alone(
+    rate: float, duration_s: float, sim: ClusterSim, targets: Targets, result: SimResult
+) -> None:
+    """After the cluster run, each verb alone at ``rate`` per second (latency mode)."""
+    # as many candidates as kube-scheduler sends for one pod at this scale
+    asked = list(sim.rooms)[: sim.nodes_to_find]
+    runs = await verb_rate.run_verbs(
+        targets.webhook.url,
+        targets.extender.url,
+        asked,
+        sim.clock,
+        webhook_ssl=targets.webhook.tls,
+        extender_ssl=targets.extender.tls,
+        rate=rate,
+        duration_s=duration_s,
+    )
+    result.open_loop = {r.verb: r.to_json() for r in runs}
+    for target in (targets.webhook, targets.extender):
+        target.note_rss(sim.now_s())
+    result.rss = {t.name: list(t.rss_samples) for t in (targets.webhook, targets.extender)}
 
 
 def _prepare_trace(spec: RunSpec, rng: random.Random) -> Prepared:

@@ -20,7 +20,7 @@ from extender.scores import score_node
 from loadtest.inputs.traces import TraceNode, node_object
 from loadtest.placement import fgd
 from loadtest.placement.fgd import Shape
-from loadtest.placement.study import (
+from loadtest.placement.policies import (
     NO_FIT,
     NOW,
     BestFit,
@@ -31,10 +31,8 @@ from loadtest.placement.study import (
     Tessera,
     demand_of,
     node_state,
-    parse_seeds,
-    play,
-    wire_best,
 )
+from loadtest.placement.study import parse_seeds, play, wire_best
 
 CPU_POD = Shape(cpu_milli=4000, memory_mib=1024, num_gpu=0, gpu_milli=0)
 
