@@ -32,17 +32,12 @@ from cluster.clock import Clock
 from loadtest.inputs import fleet as hgx
 from loadtest.report.real import JobRecord, PodRecord, RealRun, Sample
 from loadtest.sim import scenario
-from loadtest.stack.cluster import (
-    E2ECluster,
-    Placement,
-    create_namespaces,
-    gpu_conflicts,
-    parse_indices,
-)
+from loadtest.stack.cluster import E2ECluster, create_namespaces
 from loadtest.stack.fleet import CAPACITY, POOL, FakeNode, create_nodes
 from loadtest.stack.jobs import to_yaml
 from loadtest.stack.kubeapi import ApiError
 from loadtest.stack.kubelet import FakeKubelet
+from loadtest.stack.placements import Placement, gpu_conflicts, parse_indices
 
 TOPOLOGIES: Final = ("tessera", "kueue")
 """Mode A (Tessera decides rack/block locality) and mode B (Kueue's TAS does)."""
