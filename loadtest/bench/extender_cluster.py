@@ -36,7 +36,7 @@ class Cluster:
 
 
 def write_cluster(path: Path, nodes: int, pods: int, seed: int) -> Cluster:
-    """The fleet of ``bench_cache`` with a fourth level (zone) above block."""
+    """The fleet of ``cache`` with a fourth level (zone) above block."""
     names: list[str] = []
     pending: list[dict[str, Any]] = []
 

@@ -39,12 +39,11 @@ import math
 import os
 import random
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Final
 
 import uvloop
 from prometheus_client.parser import text_string_to_metric_families
@@ -52,6 +51,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cluster.clock import Clock, SystemClock
 from loadtest.bench.command import run_and_report, temporary_folder
 from loadtest.bench.extender_cluster import LEVELS, args_body, probe_pod, write_cluster
+from loadtest.bench.overload_report import Outcome, Report, ms
 from loadtest.bench.review_steps import (
     HEADERS,
     ReviewTemplate,
@@ -74,11 +74,6 @@ from loadtest.measure.pinned import (
     proc_memory,
 )
 from server.tls import client_context
-
-MB: Final = 1024 * 1024
-TARGET_MULTIPLE: Final = 3.0
-TARGET_RSS_RETURN: Final = 0.10
-
 
 # ---------------------------------------------------------------- the load, in its own process
 
@@ -206,140 +201,6 @@ class Server(Pinned):
         return counts
 
 
-# ---------------------------------------------------------------- results
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """One multiple of the sustained rate."""
-
-    multiple: float
-    run: RunResult
-    deadline_s: float
-    rss_before: int
-    rss_after: int
-    shed: dict[str, float]
-    server_cpu: float
-    generator_cpu: float
-
-    @property
-    def scheduled(self) -> int:
-        return self.run.schedule.count
-
-    @property
-    def in_time(self) -> int:
-        return self.run.latency.count_within(self.deadline_s)
-
-    @property
-    def failed_fast(self) -> int:
-        return self.run.failed.count_within(self.deadline_s)
-
-    @property
-    def late(self) -> int:
-        """Answered after the deadline, timed out, or never sent (the run stopped)."""
-        return self.scheduled - self.in_time - self.failed_fast
-
-    @property
-    def p99_in_time(self) -> float:
-        if not self.in_time:
-            return math.inf
-        return self.run.latency.percentile_within(99.0, self.deadline_s)
-
-    def share(self, count: int) -> float:
-        return count / self.scheduled if self.scheduled else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "multiple": self.multiple,
-            "offered_rate": self.run.schedule.rate,
-            "scheduled": self.scheduled,
-            "sent": self.run.sent,
-            "in_time": self.in_time,
-            "failed_fast": self.failed_fast,
-            "late": self.late,
-            "p99_in_time_s": self.p99_in_time if self.in_time else None,
-            "errors": dict(self.run.errors),
-            "stopped": self.run.stopped,
-            "latency": self.run.latency.summary().to_json(),
-            "failed_latency": self.run.failed.summary().to_json(),
-            "shed": self.shed,
-            "rss_before": self.rss_before,
-            "rss_after": self.rss_after,
-            "server_cpu": self.server_cpu,
-            "generator_cpu": self.generator_cpu,
-        }
-
-
-@dataclass(slots=True)
-class Report:
-    server: str
-    deadline_s: float
-    connections: int
-    duration_s: float
-    rate: float = 0.0
-    search: list[tuple[float, str]] = field(default_factory=list)
-    baseline_rss: int = 0
-    outcomes: list[Outcome] = field(default_factory=list)
-
-    def lines(self) -> Iterator[str]:
-        yield (
-            f"== {self.server} overload: sustained {self.rate:,.0f}/s, deadline "
-            f"{self.deadline_s:g} s, {self.connections} TLS connections, "
-            f"{self.duration_s:g} s per multiple, open loop =="
-        )
-        for rate, verdict in self.search:
-            yield f"  search {rate:>8,.0f}/s  {verdict}"
-        yield (
-            f"{'multiple':>8} {'offered/s':>9} {'requests':>8} {'in time':>8} "
-            f"{'failed fast':>11} {'late':>7} {'p99 in time':>11} {'srv CPU':>7} "
-            f"{'RSS before':>10} {'after':>8}  shed"
-        )
-        for o in self.outcomes:
-            shed = ", ".join(f"{k} {v:,.0f}" for k, v in sorted(o.shed.items()) if v) or "-"
-            stopped = f"  (stopped: {o.run.stopped})" if o.run.stopped else ""
-            yield (
-                f"{o.multiple:>7g}x {o.run.schedule.rate:>9,.0f} {o.scheduled:>8,} "
-                f"{o.share(o.in_time):>8.1%} {o.share(o.failed_fast):>11.1%} "
-                f"{o.share(o.late):>7.1%} {_ms(o.p99_in_time):>11} {o.server_cpu:>7.0%} "
-                f"{o.rss_before / MB:>8.1f}MB {o.rss_after / MB:>6.1f}MB  {shed}{stopped}"
-            )
-        yield f"baseline RSS {self.baseline_rss / MB:.1f} MB (idle, after the warm-up)"
-        top = [o for o in self.outcomes if o.multiple >= TARGET_MULTIPLE]
-        if top:
-            worst = top[-1]
-            back = worst.rss_after / self.baseline_rss - 1 if self.baseline_rss else math.inf
-            yield _target(
-                f"at {worst.multiple:g}x every request in time or failed fast",
-                f"{worst.late:,} late",
-                worst.late == 0,
-            )
-            yield _target(
-                f"RSS after {worst.multiple:g}x within {TARGET_RSS_RETURN:.0%} of baseline",
-                f"{back:+.1%}",
-                back <= TARGET_RSS_RETURN,
-            )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "server": self.server,
-            "deadline_s": self.deadline_s,
-            "connections": self.connections,
-            "duration_s": self.duration_s,
-            "sustained_rate": self.rate,
-            "search": [{"rate": r, "verdict": v} for r, v in self.search],
-            "baseline_rss": self.baseline_rss,
-            "multiples": [o.to_json() for o in self.outcomes],
-        }
-
-
-def _ms(seconds: float) -> str:
-    return "-" if seconds == math.inf else f"{seconds * 1000:.1f} ms"
-
-
-def _target(what: str, value: str, met: bool) -> str:
-    return f"{what:<52} {value:>12}  {'met' if met else 'MISSED'}"
-
-
 # ---------------------------------------------------------------- the rate it sustains
 
 
@@ -351,7 +212,7 @@ def judge(run: RunResult, rate: float, p99_bound_s: float, min_achieved: float) 
     if run.error_count:
         problems.append(f"{run.error_count} errors")
     if run.ok and run.latency.percentile(99) > p99_bound_s:
-        problems.append(f"p99 {_ms(run.latency.percentile(99))}")
+        problems.append(f"p99 {ms(run.latency.percentile(99))}")
     if run.achieved_rate < min_achieved * rate:
         problems.append(f"achieved {run.achieved_rate / rate:.0%}")
     return "; ".join(problems)
@@ -442,56 +303,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _start(args: argparse.Namespace, tmp: Path, stack: ExitStack) -> tuple[Server, Load]:
     """The server, started, and the load (at no rate yet) that drives it."""
     make_certs(tmp / "certs")
-    certs = tmp / "certs"
     port, metrics_port = free_port(), free_port()
     listen = ["--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port)]
     common = ["--log-level", "WARNING", *listen]
     if args.server == "webhook":
-        policy = tmp / "policy.yaml"
-        write_policy(policy, policy_objects(args.queues))
-        tls = ["--tls-cert", str(certs / "webhook.crt"), "--tls-key", str(certs / "webhook.key")]
-        command = [*common, *tls, "--policy-file", str(policy)]
-        template = ReviewTemplate.of(load_captured_review(args.captures))
-        load = Load(
-            "webhook",
-            port,
-            str(certs / "ca.crt"),
-            f"/mutate?timeout={args.deadline:g}s",
-            0.0,
-            0.0,
-            args.connections,
-            args.deadline,
-            args.client_core,
-            args.max_requests,
-            template=template,
-        )
+        command, load = _webhook_load(args, tmp, port)
     else:
-        cluster = write_cluster(tmp / "cluster.json", args.nodes, args.pods, seed=1)
-        tls = ["--tls-cert", str(certs / "extender.crt"), "--tls-key", str(certs / "extender.key")]
-        levels = ["--topology-levels", LEVELS, "--request-timeout", f"{args.deadline:g}"]
-        command = [*common, *tls, "--cluster-file", str(cluster.path), *levels]
-        rng = random.Random(7)
-        bodies = tuple(
-            args_body(probe_pod(), rng.sample(cluster.names, min(args.candidates, args.nodes)))
-            for _ in range(16)
-        )
-        load = Load(
-            "extender",
-            port,
-            str(certs / "ca.crt"),
-            "/filter",
-            0.0,
-            0.0,
-            args.connections,
-            args.deadline,
-            args.client_core,
-            args.max_requests,
-            bodies=bodies,
-        )
+        command, load = _extender_load(args, tmp, port)
     server = Server(
         args.server,
         args.server,
-        command,
+        [*common, *command],
         args.server_core,
         tmp / f"{args.server}.log",
         0,
@@ -500,6 +322,58 @@ def _start(args: argparse.Namespace, tmp: Path, stack: ExitStack) -> tuple[Serve
     )
     server.start(stack)
     return server, load
+
+
+def _webhook_load(args: argparse.Namespace, tmp: Path, port: int) -> tuple[list[str], Load]:
+    """The webhook's own arguments (TLS, a generated policy) and its load: the captured
+    Job's review."""
+    certs = tmp / "certs"
+    policy = tmp / "policy.yaml"
+    write_policy(policy, policy_objects(args.queues))
+    tls = ["--tls-cert", str(certs / "webhook.crt"), "--tls-key", str(certs / "webhook.key")]
+    template = ReviewTemplate.of(load_captured_review(args.captures))
+    load = Load(
+        "webhook",
+        port,
+        str(certs / "ca.crt"),
+        f"/mutate?timeout={args.deadline:g}s",
+        0.0,
+        0.0,
+        args.connections,
+        args.deadline,
+        args.client_core,
+        args.max_requests,
+        template=template,
+    )
+    return [*tls, "--policy-file", str(policy)], load
+
+
+def _extender_load(args: argparse.Namespace, tmp: Path, port: int) -> tuple[list[str], Load]:
+    """The extender's own arguments (TLS, a generated cluster file) and its load:
+    ``/filter`` with ``--candidates`` names."""
+    certs = tmp / "certs"
+    cluster = write_cluster(tmp / "cluster.json", args.nodes, args.pods, seed=1)
+    tls = ["--tls-cert", str(certs / "extender.crt"), "--tls-key", str(certs / "extender.key")]
+    levels = ["--topology-levels", LEVELS, "--request-timeout", f"{args.deadline:g}"]
+    rng = random.Random(7)
+    bodies = tuple(
+        args_body(probe_pod(), rng.sample(cluster.names, min(args.candidates, args.nodes)))
+        for _ in range(16)
+    )
+    load = Load(
+        "extender",
+        port,
+        str(certs / "ca.crt"),
+        "/filter",
+        0.0,
+        0.0,
+        args.connections,
+        args.deadline,
+        args.client_core,
+        args.max_requests,
+        bodies=bodies,
+    )
+    return [*tls, "--cluster-file", str(cluster.path), *levels], load
 
 
 def _at(load: Load, rate: float, duration_s: float) -> Load:
@@ -539,56 +413,79 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> R
             result, _ = run_load(_at(load, rate, duration_s))
             say(
                 f"  {rate:>8,.0f}/s: ok {result.ok:,}, errors {dict(result.errors)}, p99 "
-                f"{_ms(result.latency.percentile(99) if result.ok else math.inf)}"
+                f"{ms(result.latency.percentile(99) if result.ok else math.inf)}"
             )
             return result
 
-        if args.rate is None:
-            say("searching for the rate it sustains")
-            report.rate, report.search = find_rate(
-                step,
-                start=args.search_start,
-                factor=args.factor,
-                refine=args.refine,
-                max_steps=args.max_steps,
-                p99_bound_s=args.p99_bound_ms / 1000,
-                min_achieved=0.97,
-            )
-            if report.rate == 0.0:
-                raise BenchError(f"no rate was sustained, from {args.search_start:g}/s down")
-        else:
-            report.rate = args.rate
-            if args.warmup > 0:
-                step(args.rate, args.warmup)
+        _sustained(args, step, report, say)
         uvloop.run(asyncio.sleep(args.settle))
         report.baseline_rss = server.rss()
         for multiple in multiples:
-            rate = report.rate * multiple
-            say(f"{multiple:g}x: {rate:,.0f}/s for {args.duration:g} s")
-            before_rss = server.rss()
-            shed_before = uvloop.run(server.shed())
-            cpu_before = proc_cpu_s(server.pid)
-            result, own = run_load(_at(load, rate, args.duration))
-            cpu = (proc_cpu_s(server.pid) - cpu_before) / max(result.elapsed_s, 1e-9)
-            uvloop.run(asyncio.sleep(args.settle))
-            shed_after = uvloop.run(server.shed())
-            outcome = Outcome(
-                multiple,
-                result,
-                args.deadline,
-                before_rss,
-                server.rss(),
-                {k: v - shed_before.get(k, 0.0) for k, v in shed_after.items()},
-                cpu,
-                own,
-            )
-            report.outcomes.append(outcome)
-            say(
-                f"  in time {outcome.share(outcome.in_time):.1%}, failed fast "
-                f"{outcome.share(outcome.failed_fast):.1%}, late {outcome.share(outcome.late):.1%}"
-                f"; generator CPU {own:.0%}"
-            )
+            report.outcomes.append(_at_multiple(args, server, load, report.rate, multiple, say))
     return report
+
+
+def _sustained(
+    args: argparse.Namespace,
+    step: Callable[..., RunResult],
+    report: Report,
+    say: Callable[[str], None],
+) -> None:
+    """The rate the server sustains: ``--rate`` (after a warm-up), or found by search."""
+    if args.rate is None:
+        say("searching for the rate it sustains")
+        report.rate, report.search = find_rate(
+            step,
+            start=args.search_start,
+            factor=args.factor,
+            refine=args.refine,
+            max_steps=args.max_steps,
+            p99_bound_s=args.p99_bound_ms / 1000,
+            min_achieved=0.97,
+        )
+        if report.rate == 0.0:
+            raise BenchError(f"no rate was sustained, from {args.search_start:g}/s down")
+    else:
+        report.rate = args.rate
+        if args.warmup > 0:
+            step(args.rate, args.warmup)
+
+
+def _at_multiple(  # noqa: PLR0917 - the run's state, passed on
+    args: argparse.Namespace,
+    server: Server,
+    load: Load,
+    sustained: float,
+    multiple: float,
+    say: Callable[[str], None],
+) -> Outcome:
+    """``multiple`` times the sustained rate for ``--duration`` s: what the clients got,
+    the server's CPU, memory and shed counters."""
+    rate = sustained * multiple
+    say(f"{multiple:g}x: {rate:,.0f}/s for {args.duration:g} s")
+    before_rss = server.rss()
+    shed_before = uvloop.run(server.shed())
+    cpu_before = proc_cpu_s(server.pid)
+    result, own = run_load(_at(load, rate, args.duration))
+    cpu = (proc_cpu_s(server.pid) - cpu_before) / max(result.elapsed_s, 1e-9)
+    uvloop.run(asyncio.sleep(args.settle))
+    shed_after = uvloop.run(server.shed())
+    outcome = Outcome(
+        multiple,
+        result,
+        args.deadline,
+        before_rss,
+        server.rss(),
+        {k: v - shed_before.get(k, 0.0) for k, v in shed_after.items()},
+        cpu,
+        own,
+    )
+    say(
+        f"  in time {outcome.share(outcome.in_time):.1%}, failed fast "
+        f"{outcome.share(outcome.failed_fast):.1%}, late {outcome.share(outcome.late):.1%}"
+        f"; generator CPU {own:.0%}"
+    )
+    return outcome
 
 
 def main(argv: Sequence[str] | None = None) -> int:

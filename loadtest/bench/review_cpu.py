@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from cluster import jsonio
-from loadtest.bench.against_kueue import DISTINCT, unsuspended
+from loadtest.bench.against_kueue_results import DISTINCT, unsuspended
 from loadtest.bench.review_steps import ReviewTemplate, uid_prefix
 from loadtest.bench.webhook_policy import DEFAULT_CAPTURES, load_captured_review, policy_objects
 from server import heap

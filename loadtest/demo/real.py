@@ -7,7 +7,7 @@ and reads back what the real Kueue, kube-scheduler with Tessera's extender, and 
 controller did with them. The one part it plays is the kubelet of its fake nodes: a
 ``FakeKubelet`` that starts each bound pod and ends it after the run time the stream drew
 for its job. Must not admit, unsuspend or place anything, nor decide what is measured
-(``real_report`` does).
+(``loadtest.report.real`` does).
 
 Setup, on a stack that ``loadtest.stack.cluster.bring_up`` started (the CLI's, with no
 nodes of its own, or the e2e suite's): the teams' namespaces, the example queue policy

@@ -1,7 +1,7 @@
 """Latency statistics for the load tests: exact percentiles, and a fine log-linear histogram.
 
 Layer: PURE. Plain arithmetic on numbers a benchmark has already measured: no async, no
-I/O, no clock, no aiohttp. The benchmarks (``bench_webhook``, the extender's) record into
+I/O, no clock, no aiohttp. The benchmarks (``bench-webhook``, ``bench-extender``) record into
 a ``Histogram`` and print ``Summary`` rows; they never compute a percentile themselves.
 
 Percentiles are *nearest-rank*: the p-th percentile of n samples is the smallest sample

@@ -3,7 +3,7 @@ JSON and an HTML page; and two runs (topology mode A and mode B) side by side.
 
 Layer: PURE. Turns a ``RealRun`` (filled by ``loadtest.demo.real`` from what it read back
 through the API) into numbers (nearest-rank percentiles), text lines, a JSON-ready dict
-and a self-contained HTML page with inline SVG charts, in the layout of ``report`` (the
+and a self-contained HTML page with inline SVG charts, in the layout of ``page`` (the
 embedded demo's). No I/O, no clock. Must not change the run it reports on.
 
 Times are seconds since the first job was created, as the driver saw them: a job's

@@ -2,7 +2,7 @@
 
 Layer: PURE. Numbers in, SVG text out: axes with round ticks (linear, or log10 for
 latencies), one polyline per series, a legend. No I/O, no clock. Must not know what the
-numbers mean (``report`` does).
+numbers mean (the report modules do).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench.overload import Outcome, find_rate
+from loadtest.bench.overload import find_rate
+from loadtest.bench.overload_report import Outcome
 from loadtest.measure.openloop import RunResult, Schedule
 from loadtest.measure.stats import Histogram
 
