@@ -410,25 +410,9 @@ def run(nodes: int, pods: int, seed: int, clock: Clock, *, by_owner: bool = True
         gc.collect()
         rss.append(("RSS with the cache built", rss_now_mib()))
 
-        watch = _Stopwatch(clock)
-        cache.snapshot()
-        table.add("snapshot, first", watch.lap().us())
-        repeats = 100_000
-        for _ in range(repeats):
-            cache.snapshot()
-        table.add("snapshot, repeat (same generation)", (watch.lap() / repeats).us())
+        _snapshots(cache, clock, table)
         _bind_cycle(cache, pending_pods, clock, table)
-
-        counters = cache.counters()
-        table.add("", "")
-        table.add(
-            "cache: nodes / pods / bound",
-            f"{counters.nodes:,} / {counters.pods:,} / {counters.bound:,}",
-        )
-        for product, totals in counters.products.items():
-            allocated = totals.allocated_milli / FULL
-            table.add(f"  {product}", f"{totals.gpus:,} GPUs, {allocated:,.1f} allocated")
-        table.add("", "")
+        _counters(cache, table)
         for label, mib in rss:
             table.add(label, f"{mib:,.0f} MiB")
         table.add("RSS peak (getrusage)", f"{rss_peak_mib():,.0f} MiB")
@@ -439,6 +423,30 @@ def run(nodes: int, pods: int, seed: int, clock: Clock, *, by_owner: bool = True
             table.add("heap: converted records (tracemalloc)", f"{records:,.0f} MiB")
             table.add("heap: cache structures (tracemalloc)", f"{structures:,.0f} MiB")
     return table.render()
+
+
+def _snapshots(cache: ClusterCache, clock: Clock, table: _Table) -> None:
+    watch = _Stopwatch(clock)
+    cache.snapshot()
+    table.add("snapshot, first", watch.lap().us())
+    repeats = 100_000
+    for _ in range(repeats):
+        cache.snapshot()
+    table.add("snapshot, repeat (same generation)", (watch.lap() / repeats).us())
+
+
+def _counters(cache: ClusterCache, table: _Table) -> None:
+    """What the cache holds, per GPU product."""
+    counters = cache.counters()
+    table.add("", "")
+    table.add(
+        "cache: nodes / pods / bound",
+        f"{counters.nodes:,} / {counters.pods:,} / {counters.bound:,}",
+    )
+    for product, totals in counters.products.items():
+        allocated = totals.allocated_milli / FULL
+        table.add(f"  {product}", f"{totals.gpus:,} GPUs, {allocated:,.1f} allocated")
+    table.add("", "")
 
 
 def main(argv: list[str] | None = None) -> int:

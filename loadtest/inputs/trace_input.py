@@ -15,7 +15,7 @@ their median is the stream's ``median_run_s`` (capped at ``max_run_s``).
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cluster import labels
@@ -27,6 +27,7 @@ from loadtest.inputs.fleet import (
     TEAMS,
     JobSpec,
     StreamSpec,
+    Team,
     job_object,
 )
 from loadtest.inputs.traces import TraceNode, TracePod, node_object
@@ -63,20 +64,7 @@ def trace_policy(
             capacity[node.model] = capacity.get(node.model, 0) + node.gpus
     first = [m for m in model_order or () if m in capacity]
     models = first + sorted(set(capacity) - set(first))
-    # the racks and blocks the nodes are given (trace_nodes), so that gangs may ask for them
-    topology: Obj = {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Topology",
-        "metadata": {"name": TOPOLOGY},
-        "spec": {
-            "levels": [
-                {"nodeLabel": BLOCK_LABEL},
-                {"nodeLabel": RACK_LABEL},
-                {"nodeLabel": labels.HOSTNAME},
-            ]
-        },
-    }
-    policy: list[Obj] = [topology]
+    policy: list[Obj] = [_topology()]
     policy.extend(
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
@@ -91,54 +79,73 @@ def trace_policy(
     )
     policy.extend(priority_classes)
     for team in TEAMS:
-        cq_name = team.namespace.removeprefix("team-")
-        flavors = []
-        for m in models:
-            gpus = int(capacity[m] * team.weight)
-            flavors.append(
-                {
-                    "name": flavor_name(m),
-                    "resources": [
-                        {"name": labels.GPU_RESOURCE, "nominalQuota": str(gpus)},
-                        {"name": labels.GPU_MILLI_RESOURCE, "nominalQuota": str(gpus * 1000)},
-                    ],
-                }
-            )
-        policy.append(
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "ClusterQueue",
-                "metadata": {"name": cq_name},
-                "spec": {
-                    "cohortName": COHORT,
-                    "queueingStrategy": "BestEffortFIFO",
-                    "namespaceSelector": {},
-                    "resourceGroups": [
-                        {
-                            "coveredResources": [labels.GPU_RESOURCE, labels.GPU_MILLI_RESOURCE],
-                            "flavors": flavors,
-                        }
-                    ],
-                },
-            }
-        )
-        policy.append(
-            {
-                "apiVersion": "kueue.x-k8s.io/v1beta2",
-                "kind": "LocalQueue",
-                "metadata": {
-                    "name": team.queue,
-                    "namespace": team.namespace,
-                    "annotations": {
-                        "tessera.dev/default-queue": "true",
-                        "tessera.dev/default-priority-class": "research",
-                        "tessera.dev/default-time-limit": "4h",
-                    },
-                },
-                "spec": {"clusterQueue": cq_name},
-            }
-        )
+        policy += _team_queues(team, models, capacity)
     return policy
+
+
+def _topology() -> Obj:
+    """The racks and blocks the nodes are given (``trace_nodes``), so that gangs may ask
+    for them."""
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Topology",
+        "metadata": {"name": TOPOLOGY},
+        "spec": {
+            "levels": [
+                {"nodeLabel": BLOCK_LABEL},
+                {"nodeLabel": RACK_LABEL},
+                {"nodeLabel": labels.HOSTNAME},
+            ]
+        },
+    }
+
+
+def _team_queues(team: Team, models: Sequence[str], capacity: Mapping[str, int]) -> list[Obj]:
+    """A team's ClusterQueue, with its share of each model, and its LocalQueue."""
+    cq_name = team.namespace.removeprefix("team-")
+    flavors = []
+    for m in models:
+        gpus = int(capacity[m] * team.weight)
+        flavors.append(
+            {
+                "name": flavor_name(m),
+                "resources": [
+                    {"name": labels.GPU_RESOURCE, "nominalQuota": str(gpus)},
+                    {"name": labels.GPU_MILLI_RESOURCE, "nominalQuota": str(gpus * 1000)},
+                ],
+            }
+        )
+    cluster_queue = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": cq_name},
+        "spec": {
+            "cohortName": COHORT,
+            "queueingStrategy": "BestEffortFIFO",
+            "namespaceSelector": {},
+            "resourceGroups": [
+                {
+                    "coveredResources": [labels.GPU_RESOURCE, labels.GPU_MILLI_RESOURCE],
+                    "flavors": flavors,
+                }
+            ],
+        },
+    }
+    local_queue = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "LocalQueue",
+        "metadata": {
+            "name": team.queue,
+            "namespace": team.namespace,
+            "annotations": {
+                "tessera.dev/default-queue": "true",
+                "tessera.dev/default-priority-class": "research",
+                "tessera.dev/default-time-limit": "4h",
+            },
+        },
+        "spec": {"clusterQueue": cq_name},
+    }
+    return [cluster_queue, local_queue]
 
 
 def trace_jobs(pods: Sequence[TracePod], spec: StreamSpec, rng: random.Random) -> list[JobSpec]:

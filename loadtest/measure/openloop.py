@@ -137,6 +137,59 @@ class RunResult:
         return self.ok / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
 
+@dataclass(slots=True)
+class _Tally:
+    """What an open-loop run has recorded so far (one run, one event loop)."""
+
+    start: float
+    last_done: float
+    latency: Histogram = field(default_factory=Histogram)
+    service: Histogram = field(default_factory=Histogram)
+    lag: Histogram = field(default_factory=Histogram)
+    late: Histogram = field(default_factory=Histogram)
+    failed: Histogram = field(default_factory=Histogram)
+    errors: Counter[str] = field(default_factory=Counter)
+    per_second: list[int] = field(default_factory=list)
+    next: int = 0
+    sent: int = 0
+    ok: int = 0
+    stopped: list[str] = field(default_factory=list)
+
+    def failure(self, kind: str, due: float, now: float) -> None:
+        self.errors[kind] += 1
+        self.failed.record(latency_from_intended(due, now))
+
+    def success(self, due: float, ready: float, sent: float, done: float) -> None:
+        self.last_done = max(self.last_done, done)
+        self.ok += 1
+        self.latency.record(latency_from_intended(due, done))
+        self.service.record(done - sent)
+        self.lag.record(sent - due)
+        self.late.record(sent - ready)
+        second = int(done - self.start)
+        per_second = self.per_second
+        if second >= len(per_second):
+            per_second.extend([0] * (second + 1 - len(per_second)))
+        per_second[second] += 1
+
+    def result(self, schedule: Schedule) -> RunResult:
+        elapsed = max(self.last_done - self.start, self.sent / schedule.rate)
+        return RunResult(
+            schedule=schedule,
+            latency=self.latency,
+            service=self.service,
+            lag=self.lag,
+            late=self.late,
+            sent=self.sent,
+            ok=self.ok,
+            errors=dict(self.errors),
+            elapsed_s=elapsed,
+            stopped=self.stopped[0] if self.stopped else "",
+            per_second=tuple(self.per_second),
+            failed=self.failed,
+        )
+
+
 async def run_open_loop(
     schedule: Schedule,
     senders: Sequence[Send],
@@ -154,14 +207,8 @@ async def run_open_loop(
     """
     if not senders:
         raise ValueError("an open-loop run needs at least one connection")
-    latency, service, lag, late = Histogram(), Histogram(), Histogram(), Histogram()
-    failed = Histogram()
-    errors: Counter[str] = Counter()
-    per_second: list[int] = []
-    state = {"next": 0, "sent": 0, "ok": 0}
-    stopped: list[str] = []
     start = clock.monotonic()
-    last_done = start
+    tally = _Tally(start, start)
 
     async def wait_until(due: float) -> None:
         # A coarse timer sleep, then short yields (or, with no spin, exact timer sleeps):
@@ -170,63 +217,37 @@ async def run_open_loop(
             await asyncio.sleep(delay - spin_s if delay > spin_s else (0 if spin_s else delay))
 
     async def worker(send: Send) -> None:
-        nonlocal last_done
-        while not stopped:
-            index = state["next"]
+        while not tally.stopped:
+            index = tally.next
             if index >= schedule.count:
                 return
-            state["next"] = index + 1
+            tally.next = index + 1
             due = start + schedule.intended(index)
             ready = max(due, clock.monotonic())
             await wait_until(due)
             sent = clock.monotonic()
             if sent - due > max_lag_s:
-                stopped.append(f"fell {sent - due:.1f} s behind the schedule at request {index}")
+                tally.stopped.append(
+                    f"fell {sent - due:.1f} s behind the schedule at request {index}"
+                )
                 return
-            state["sent"] += 1
+            tally.sent += 1
             try:
                 async with asyncio.timeout(timeout_s):
                     await send(index)
             except RequestFailed as exc:
-                errors[exc.kind] += 1
-                failed.record(latency_from_intended(due, clock.monotonic()))
+                tally.failure(exc.kind, due, clock.monotonic())
                 continue
             except TimeoutError:
-                errors["timeout"] += 1
-                failed.record(latency_from_intended(due, clock.monotonic()))
+                tally.failure("timeout", due, clock.monotonic())
                 continue
             except Exception as exc:  # anything else a client can meet is a failed request
-                errors[type(exc).__name__] += 1
-                failed.record(latency_from_intended(due, clock.monotonic()))
+                tally.failure(type(exc).__name__, due, clock.monotonic())
                 continue
-            done = clock.monotonic()
-            last_done = max(last_done, done)
-            state["ok"] += 1
-            latency.record(latency_from_intended(due, done))
-            service.record(done - sent)
-            lag.record(sent - due)
-            late.record(sent - ready)
-            second = int(done - start)
-            if second >= len(per_second):
-                per_second.extend([0] * (second + 1 - len(per_second)))
-            per_second[second] += 1
+            tally.success(due, ready, sent, clock.monotonic())
 
     await asyncio.gather(*(worker(send) for send in senders))
-    elapsed = max(last_done - start, state["sent"] / schedule.rate)
-    return RunResult(
-        schedule=schedule,
-        latency=latency,
-        service=service,
-        lag=lag,
-        late=late,
-        sent=state["sent"],
-        ok=state["ok"],
-        errors=dict(errors),
-        elapsed_s=elapsed,
-        stopped=stopped[0] if stopped else "",
-        per_second=tuple(per_second),
-        failed=failed,
-    )
+    return tally.result(schedule)
 
 
 # ---------------------------------------------------------------- a lean HTTP/1.1 client
