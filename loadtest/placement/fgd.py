@@ -1,8 +1,9 @@
 """The arithmetic of the FGD artifact's placement method (``../shared/data/README.md``).
 
 Layer: PURE. Plain functions over ints, tuples and a seeded ``random.Random`` handed in:
-no I/O, no clock, no cluster objects. ``loadtest.placement`` runs the simulation with
-them; the unit tests check each rule on hand-computed cases.
+no I/O, no clock, no cluster objects. ``study`` runs the simulation with them; the unit
+tests check each rule on hand-computed cases. Must not know which policy or trace it
+serves.
 
 * ``arrival_sequence``: the whole trace shuffled, then draws with replacement until the
   next draw would push the arrived GPU demand past the limit (130 %).
