@@ -122,11 +122,19 @@ def serve_batches(args: argparse.Namespace) -> None:
             print(time.process_time() - start, flush=True)
 
 
+def _worker_module(folder: Path) -> str:
+    """This script's module in the checkout at ``folder``: checkouts from before the load
+    test's sub-packages have it at the top of ``loadtest``."""
+    if (folder / "loadtest" / "bench" / "review_cpu.py").is_file():
+        return "loadtest.bench.review_cpu"
+    return "loadtest.review_cpu"
+
+
 class _Worker:
     """``--worker`` in the checkout at ``folder``, pinned to ``core``."""
 
     def __init__(self, folder: Path, args: argparse.Namespace, core: int) -> None:
-        argv = [sys.executable, "-m", "loadtest.bench.review_cpu", "--worker"]
+        argv = [sys.executable, "-m", _worker_module(folder), "--worker"]
         argv += ["--variant", args.variant, "--queues", str(args.queues), "--seed"]
         argv += [str(args.seed), "--captures", str(args.captures)]
         self.process = subprocess.Popen(  # noqa: S603 - our interpreter, our arguments
