@@ -2,12 +2,14 @@
 
 Layer: ROOT. The only place in the load test that reads the environment
 (``TESSERA_DATA``: the folder with the shared traces; ``TESSERA_DEMO_SHORT=1``: ``demo``
-in its short form, so that CI can run ``make demo`` quickly). Subcommands: ``demo`` (``make
-demo``), ``latency``, ``soak``, ``placement`` (the FGD method, ``loadtest.placement``)
-``selfcheck`` (the cluster-model check without servers), and ``bench-webhook`` /
-``bench-extender`` / ``overload``, which hand their arguments to
-``loadtest.bench_webhook.main`` (``loadtest.bench_kueue.main`` with ``--against``) /
-``loadtest.bench_extender.main`` / ``loadtest.overload.main`` unchanged.
+in its short form, so that CI can run ``make demo`` quickly), and hands each mode to
+what runs it; the flags are ``loadtest.cli``'s. Subcommands: ``demo`` (``make demo``),
+``latency``, ``soak`` (``loadtest.demo``), ``placement`` (the FGD method,
+``loadtest.placement``), ``selfcheck`` (the cluster-model check without servers), and
+``bench-webhook`` / ``bench-extender`` / ``overload``, which hand their arguments to
+``loadtest.bench.webhook.main`` (``loadtest.bench.against_kueue.main`` with
+``--against``) / ``loadtest.bench.extender.main`` / ``loadtest.bench.overload.main``
+unchanged. Must not decide anything a mode decides.
 """
 
 from __future__ import annotations
@@ -23,193 +25,20 @@ from types import FrameType
 from cluster import jsonio
 from cluster.clock import SystemClock
 from cluster.kube import KubeError
-from loadtest import demo, real_demo, report, scenario, selfcheck
-from loadtest.fleet import FleetSpec, StreamSpec
-from loadtest.remote_pods import RemoteClusterError
-from loadtest.traces import DEFAULT_DATA_DIR, TraceMissing
-
-EXAMPLES = """\
-examples:
-  python -m loadtest demo                       # make demo: both servers, 64 HGX nodes, ~1 min
-  python -m loadtest demo --short               # the same in ~15 s (CI)
-  python -m loadtest demo --real                # the real control plane, Kueue, fake nodes
-  python -m loadtest demo --real --topology both   # topology mode A and mode B, side by side
-  python -m loadtest latency --rate 100 --duration 30 --nodes 256
-  python -m loadtest soak --duration 600 --max-rss-growth-mib 40
-  python -m loadtest latency --trace openb-default --rate 50 --duration 20
-  python -m loadtest latency --nodes spot-v2026 --rate 100 --duration 30   # 4,278 nodes
-  python -m loadtest latency --nodes spot-v2026 --node-limit 1000
-  python -m loadtest latency --webhook-url https://tessera-webhook.example:443 \\
-      --extender-url https://tessera-extender.example:8888 --ca ca.crt \\
-      --client-cert kube-scheduler.crt --client-key kube-scheduler.key \\
-      --kubeconfig test-cluster.kubeconfig --namespace tessera-loadtest
-  python -m loadtest placement --quick          # FGD-style placement quality on openb
-  python -m loadtest selfcheck                  # the cluster model alone, no servers
-  python -m loadtest bench-webhook --help       # the webhook benchmark (loadtest.bench_webhook)
-  python -m loadtest bench-webhook --against kueue   # side by side with Kueue's webhook
-  python -m loadtest bench-extender --help      # the extender benchmark (loadtest.bench_extender)
-  python -m loadtest overload --server webhook  # 1x, 2x, 3x the sustained rate (loadtest.overload)
-
-Reports go to reports/<mode>.json and reports/<mode>.html (--out to change).
-"""
-
-
-NODES_HELP = """\
-N synthetic HGX nodes (default %(default)s), or a real node list from --data:
-spot-v2026 (Alibaba spot GPU v2026, 4,278 nodes) or openb (Alibaba openb GPU nodes),
-under the synthetic job stream. A node list gives each node its GPU model (as the GFD
-product label), GPU count and CPU cores; memory 8 GiB per core where the file has none;
-one NVLink island only on 8-GPU A100-SXM4/A800-SXM4/H800 boards, no annotation
-(one island, the extender's default) elsewhere. The lists have no topology: racks and
-blocks are SYNTHETIC (per GPU model in file order, 4 nodes a rack, 4 racks a block) so
-that the stream's rack-constrained gangs have racks; their placement quality says
-nothing about the real machine rooms. Queues: one flavor per GPU model, each team its
-share of every model, the examples' LocalQueues."""
-
-
-def _nodes(text: str) -> int | str:
-    if text in scenario.NODE_FILES:
-        return text
-    try:
-        count = int(text)
-    except ValueError:
-        count = 0
-    if count < 1:
-        choices = ", ".join(scenario.NODE_FILES)
-        raise argparse.ArgumentTypeError(f"{text!r}: give a node count or one of {choices}")
-    return count
-
-
-def _common(parser: argparse.ArgumentParser, *, rate: float, duration: float, nodes: int) -> None:
-    parser.add_argument("--nodes", type=_nodes, default=nodes, help=NODES_HELP)
-    parser.add_argument(
-        "--node-limit",
-        type=int,
-        default=None,
-        help="with a node list: only its first N nodes (file order)",
-    )
-    parser.add_argument(
-        "--rate", type=float, default=rate, help=f"jobs created per second (default {rate:g})"
-    )
-    parser.add_argument(
-        "--duration",
-        type=float,
-        default=duration,
-        help=f"seconds of arrivals (default {duration:g})",
-    )
-    parser.add_argument("--median-run", type=float, default=None, help="median pod run time, s")
-    parser.add_argument(
-        "--drain", type=float, default=None, help="seconds to wait for the last pods"
-    )
-    parser.add_argument(
-        "--quota-scale",
-        type=int,
-        default=None,
-        help="multiply the example queues' GPU quota (default: fit the fleet)",
-    )
-    parser.add_argument(
-        "--extender-weight",
-        type=int,
-        default=5,
-        help="the extender's weight in kube-scheduler (default 5)",
-    )
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--trace",
-        default=None,
-        help="openb-<variant> (e.g. openb-default, openb-multigpu20): the Alibaba openb "
-        "nodes and GPU pods from --data instead of the synthetic HGX fleet and stream",
-    )
-    parser.add_argument(
-        "--out", type=Path, default=Path("reports"), help="report folder (default reports/)"
-    )
-    parser.add_argument(
-        "--keep", type=Path, default=None, help="keep server logs, certificates and inputs here"
-    )
-    remote = parser.add_argument_group(
-        "a real deployment",
-        "--webhook-url and --extender-url need --kubeconfig for the cluster the extender "
-        "watches and binds through. The tool schedules over its own node list (--nodes; "
-        "written to --keep/nodes.json), so that cluster must have Nodes of those names "
-        "(a run is refused otherwise). Each pod it schedules is created there, in "
-        "--namespace (made and labelled app.kubernetes.io/managed-by=tessera-loadtest "
-        "if absent; refused if it exists without that label), with schedulerName "
-        "tessera-loadtest (no kube-scheduler serves it) and the pause image, and deleted "
-        "when its run time is over, so the extender's watch frees its GPUs; leftover "
-        "pods are deleted at start and exit, and the namespace too if the run made it. "
-        "On nodes with kubelets the pods really start: use a test cluster.",
-    )
-    remote.add_argument("--webhook-url", help="e.g. https://tessera-webhook.tessera-system.svc:443")
-    remote.add_argument("--extender-url", help="e.g. https://tessera-extender:8888")
-    remote.add_argument("--ca", type=Path, help="CA that signed the servers' certificates")
-    remote.add_argument(
-        "--client-cert", type=Path, help="client certificate for the extender's mutual TLS"
-    )
-    remote.add_argument("--client-key", type=Path)
-    remote.add_argument(
-        "--kubeconfig", type=Path, help="the deployment's cluster (required with the URLs)"
-    )
-    remote.add_argument(
-        "--namespace",
-        default="tessera-loadtest",
-        help="where the run's pods go (default tessera-loadtest)",
-    )
-
-
-def _spec(args: argparse.Namespace, base: scenario.RunSpec) -> scenario.RunSpec:
-    stream = StreamSpec(
-        rate=args.rate,
-        duration_s=args.duration,
-        median_run_s=args.median_run or base.stream.median_run_s,
-        max_run_s=base.stream.max_run_s,
-    )
-    remote = None
-    if args.webhook_url or args.extender_url:
-        if not (args.webhook_url and args.extender_url):
-            raise SystemExit("python -m loadtest: --webhook-url and --extender-url go together")
-        if args.kubeconfig is None:
-            raise SystemExit(
-                "python -m loadtest: a remote run needs --kubeconfig (the cluster the "
-                "extender watches): without it the pods it binds do not exist there and "
-                "the GPUs of pods that end are never freed"
-            )
-        remote = scenario.Remote(
-            args.webhook_url,
-            args.extender_url,
-            args.ca,
-            args.client_cert,
-            args.client_key,
-            args.kubeconfig,
-            args.namespace,
-        )
-    elif args.kubeconfig is not None:
-        raise SystemExit("python -m loadtest: --kubeconfig goes with --webhook-url/--extender-url")
-    node_file = args.nodes if isinstance(args.nodes, str) else None
-    if node_file is not None and args.trace is not None:
-        raise SystemExit("python -m loadtest: --trace brings its own nodes; drop --nodes")
-    if args.node_limit is not None and (node_file is None or args.node_limit < 1):
-        raise SystemExit("python -m loadtest: --node-limit N (N >= 1) goes with a node list")
-    return scenario.RunSpec(
-        fleet=FleetSpec(nodes=args.nodes if node_file is None else base.fleet.nodes),
-        node_file=node_file,
-        node_limit=args.node_limit,
-        stream=stream,
-        quota_scale=args.quota_scale,
-        drain_s=args.drain if args.drain is not None else base.drain_s,
-        extender_weight=args.extender_weight,
-        seed=args.seed,
-        remote=remote,
-        keep_dir=args.keep,
-        trace=args.trace,
-        data_dir=args.data,
-    )
+from loadtest import cli
+from loadtest.demo import modes as demo
+from loadtest.demo import real as real_demo
+from loadtest.demo import selfcheck
+from loadtest.inputs.traces import DEFAULT_DATA_DIR, TraceMissing
+from loadtest.report.placement_page import placement_page
+from loadtest.sim.remote_pods import RemoteClusterError
 
 
 def _placement_html(json_path: Path) -> None:
     """The FGD figure (allocation vs arrived load per policy) next to the JSON."""
     try:
         data = jsonio.loads(json_path.read_bytes())
-        page = report.placement_page(data, "Tessera placement quality (FGD method, openb)")
+        page = placement_page(data, "Tessera placement quality (FGD method, openb)")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"no placement HTML: {json_path}: {exc}", file=sys.stderr)
         return
@@ -223,7 +52,7 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _demo_real(args: argparse.Namespace, clock: SystemClock) -> int:
+def _real_assets() -> demo.Assets | None:
     from loadtest.stack.controlplane import (  # noqa: PLC0415 - only for --real
         BinariesUnavailableError,
         find_binaries,
@@ -233,7 +62,7 @@ def _demo_real(args: argparse.Namespace, clock: SystemClock) -> int:
     )
 
     try:
-        assets = demo.Assets(
+        return demo.Assets(
             find_binaries(progress=sys.stderr),
             find_crds(progress=sys.stderr),
             find_kueue(progress=sys.stderr),
@@ -249,6 +78,12 @@ def _demo_real(args: argparse.Namespace, clock: SystemClock) -> int:
             f"kube-apiserver, kube-scheduler, kube-controller-manager and kubectl.\n{exc}",
             file=sys.stderr,
         )
+        return None
+
+
+def _demo_real(args: argparse.Namespace, clock: SystemClock) -> int:
+    assets = _real_assets()
+    if assets is None:
         return 2
     modes = real_demo.TOPOLOGIES if args.topology == "both" else (args.topology,)
     specs = [real_demo.real_spec(short=args.short, seed=args.seed, topology=m) for m in modes]
@@ -271,153 +106,55 @@ def _demo_real(args: argparse.Namespace, clock: SystemClock) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m loadtest",
-        description=(
-            "Play kube-apiserver, Kueue and kube-scheduler around Tessera's two servers "
-            "and measure them."
-        ),
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument(
-        "--data",
-        type=Path,
-        default=Path(os.environ.get("TESSERA_DATA", DEFAULT_DATA_DIR)),
-        help="folder with the shared traces (default: $TESSERA_DATA or ../shared/data)",
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    fmt = argparse.RawDescriptionHelpFormatter
-
-    p = commands.add_parser(
-        "demo",
-        help="both servers, a sample cluster, a short mixed workload",
-        epilog=EXAMPLES,
-        formatter_class=fmt,
-    )
-    base = demo.demo_spec()
-    _common(p, rate=base.stream.rate, duration=base.stream.duration_s, nodes=base.fleet.nodes)
-    p.add_argument(
-        "--short",
-        action="store_true",
-        default=os.environ.get("TESSERA_DEMO_SHORT", "") not in ("", "0", "false"),
-        help="a ~15 s run on 16 nodes (CI; also TESSERA_DEMO_SHORT=1, e.g. for make demo)",
-    )
-    p.add_argument(
-        "--real",
-        action="store_true",
-        help="on the real stack instead (etcd, kube-apiserver, kube-scheduler, "
-        "kube-controller-manager, Kueue v0.17.0, both servers as processes, fake GPU nodes; "
-        "binaries from make e2e-assets): 16 nodes, ~100 jobs over 45 s, 3 to 4 min with "
-        "the stack's start; with --short 8 nodes and a handful of jobs. Of the other "
-        "options only --short, --seed, --out and --keep apply",
-    )
-    p.add_argument(
-        "--topology",
-        choices=(*real_demo.TOPOLOGIES, "both"),
-        default="tessera",
-        help="with --real: who keeps gangs in a rack. tessera (default): mode A, the "
-        "flavors name their Topology in tessera.dev/topology-name and Tessera's webhook "
-        "and extender decide; kueue: mode B, the gang queues' H100 flavors set "
-        "spec.topologyName and Kueue's topology-aware scheduling assigns the hosts; both: "
-        "the same stream in each mode, on a fresh stack each, figures side by side",
-    )
-
-    p = commands.add_parser(
-        "latency",
-        help="open-loop latency per verb and end to end",
-        epilog=EXAMPLES,
-        formatter_class=fmt,
-    )
-    _common(p, rate=100.0, duration=30.0, nodes=256)
-    p.add_argument(
-        "--verb-rate",
-        type=float,
-        default=200.0,
-        help="then /mutate, /filter, /prioritize alone at this rate each (0: skip; default 200)",
-    )
-    p.add_argument(
-        "--verb-duration", type=float, default=10.0, help="seconds per verb (default 10)"
-    )
-
-    p = commands.add_parser(
-        "soak",
-        help="a long steady run: memory growth and errors",
-        epilog=EXAMPLES,
-        formatter_class=fmt,
-    )
-    _common(p, rate=30.0, duration=300.0, nodes=64)
-    p.add_argument(
-        "--max-rss-growth-mib",
-        type=float,
-        default=50.0,
-        help="fail above this growth in the second half (default 50)",
-    )
-
-    commands.add_parser(
-        "placement",
-        help="FGD-style placement quality (python -m loadtest placement --help)",
-        add_help=False,
-    )
-    for name, what in (("bench-webhook", "webhook"), ("bench-extender", "extender")):
-        commands.add_parser(
-            name,
-            help=f"the {what} benchmark (python -m loadtest {name} --help)",
-            add_help=False,
-        )
-    commands.add_parser(
-        "overload",
-        help="a server at 1x, 2x, 3x the rate it sustains: in time, failed fast, late, "
-        "memory (python -m loadtest overload --help)",
-        add_help=False,
-    )
-    p = commands.add_parser("selfcheck", help="the cluster-model self-check, no servers")
-    p.add_argument("--max-pods", type=int, default=None)
-
-    if argv is None:
-        argv = sys.argv[1:]
+def _passthrough(argv: list[str]) -> int | None:
+    """The modes with flags of their own (``placement``, the benchmarks): their ``main``
+    gets the rest of ``argv``; ``None`` when ``argv`` names none of them."""
     if argv[:1] == ["placement"] or (
         len(argv) > 2 and argv[0] == "--data" and argv[2] == "placement"
     ):
-        from loadtest import placement  # noqa: PLC0415 - heavy, only for this mode
-
-        rest = argv[argv.index("placement") + 1 :]
-        if argv[0] == "--data":
-            rest = ["--data", argv[1], *rest]
-        code = placement.main(rest)
-        if code == 0 and "--json" in rest:
-            _placement_html(Path(rest[rest.index("--json") + 1]))
-        return code
+        return _placement(argv)
     if argv[:1] in (["bench-webhook"], ["bench-extender"], ["overload"]):
         # The benchmarks keep their own flags; this is only a way in.
         if argv[0] == "bench-webhook" and any(a.startswith("--against") for a in argv):
-            from loadtest.bench_kueue import main as bench  # noqa: PLC0415 - heavy
+            from loadtest.bench.against_kueue import main as bench  # noqa: PLC0415 - heavy
         elif argv[0] == "bench-webhook":
-            from loadtest.bench_webhook import main as bench  # noqa: PLC0415 - heavy
+            from loadtest.bench.webhook import main as bench  # noqa: PLC0415 - heavy
         elif argv[0] == "bench-extender":
-            from loadtest.bench_extender import main as bench  # noqa: PLC0415 - heavy
+            from loadtest.bench.extender import main as bench  # noqa: PLC0415 - heavy
         else:
-            from loadtest.overload import main as bench  # noqa: PLC0415 - heavy
+            from loadtest.bench.overload import main as bench  # noqa: PLC0415 - heavy
         return bench(argv[1:])
-    args = parser.parse_args(argv)
-    clock = SystemClock()
+    return None
 
-    if args.command == "selfcheck":
-        report = selfcheck.run(clock, args.data, max_pods=args.max_pods)
-        print("\n".join(report.lines()))
-        if report.placed == 0:
-            print("error: nothing was placed", file=sys.stderr)
-            return 1
-        return 0
 
-    if args.command == "demo" and args.real:
-        return _demo_real(args, clock)
+def _placement(argv: list[str]) -> int:
+    from loadtest.placement import study  # noqa: PLC0415 - heavy, only for this mode
+
+    rest = argv[argv.index("placement") + 1 :]
+    if argv[0] == "--data":
+        rest = ["--data", argv[1], *rest]
+    code = study.main(rest)
+    if code == 0 and "--json" in rest:
+        _placement_html(Path(rest[rest.index("--json") + 1]))
+    return code
+
+
+def _selfcheck(args: argparse.Namespace, clock: SystemClock) -> int:
+    found = selfcheck.run(clock, args.data, max_pods=args.max_pods)
+    print("\n".join(found.lines()))
+    if found.placed == 0:
+        print("error: nothing was placed", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _simulated(args: argparse.Namespace, clock: SystemClock) -> int:
+    """``demo``, ``latency`` and ``soak`` on the simulated cluster."""
     if args.command == "demo":
         base = demo.demo_spec(short=args.short, seed=args.seed)
-        spec = base if args.short else _spec(args, base)
+        spec = base if args.short else cli.run_spec(args, base)
     else:
-        spec = _spec(args, demo.demo_spec())
+        spec = cli.run_spec(args, demo.demo_spec())
     if args.command == "latency" and args.verb_rate > 0:
         spec = replace(spec, verb_rate=args.verb_rate, verb_duration_s=args.verb_duration)
     try:
@@ -440,6 +177,25 @@ def main(argv: list[str] | None = None) -> int:
         print("error: the run's checks failed (see above)", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    code = _passthrough(argv)
+    if code is not None:
+        return code
+    parser = cli.build_parser(
+        data=Path(os.environ.get("TESSERA_DATA", DEFAULT_DATA_DIR)),
+        short=os.environ.get("TESSERA_DEMO_SHORT", "") not in ("", "0", "false"),
+    )
+    args = parser.parse_args(argv)
+    clock = SystemClock()
+    if args.command == "selfcheck":
+        return _selfcheck(args, clock)
+    if args.command == "demo" and args.real:
+        return _demo_real(args, clock)
+    return _simulated(args, clock)
 
 
 if __name__ == "__main__":

@@ -493,17 +493,7 @@ class FakeApiServer:
             bookmarks=request.query.get("allowWatchBookmarks") == "true",
         )
         # Registered and replayed with no await between: no event is missed or doubled.
-        if since is not None and since < self._oldest:
-            watcher.queue.put_nowait(("error", 410))
-        elif since is None:
-            for obj in self.store.get(collection, {}).values():
-                if _matches(obj, watcher.namespace, watcher.labels, watcher.fields):
-                    watcher.queue.put_nowait(("event", ("ADDED", copy.deepcopy(obj))))
-        else:
-            for rv, name, event, obj, old in self._history:
-                seen = _as_seen_by(watcher, event, obj, old)
-                if rv > since and name == collection and seen is not None:
-                    watcher.queue.put_nowait(("event", (seen, copy.deepcopy(obj))))
+        self._replay(watcher, since)
         self._watchers.add(watcher)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
@@ -511,29 +501,8 @@ class FakeApiServer:
             await response.prepare(request)
             timeout_s = float(request.query.get("timeoutSeconds", "1800"))
             async with asyncio.timeout(timeout_s):
-                while True:
-                    kind, payload = await watcher.queue.get()
-                    if kind == "end":
-                        break
-                    if kind == "drop":
-                        _abort(request)
-                        return response
-                    if kind == "error":
-                        status = status_body(payload, "Expired", "too old resource version")
-                        await response.write(_line("ERROR", status))
-                        break
-                    if kind == "bookmark":
-                        if watcher.bookmarks:
-                            bookmark = {"metadata": {"resourceVersion": payload}}
-                            await response.write(_line("BOOKMARK", bookmark))
-                        continue
-                    event, obj = payload
-                    await response.write(_line(event, obj))
-                    if watcher.drop_after is not None:
-                        watcher.drop_after -= 1
-                        if watcher.drop_after <= 0:
-                            _abort(request)
-                            return response
+                if await _stream(watcher, request, response):
+                    return response
             await response.write_eof()
         except TimeoutError:
             await _quietly_end(response)
@@ -542,6 +511,21 @@ class FakeApiServer:
         finally:
             self._watchers.discard(watcher)
         return response
+
+    def _replay(self, watcher: _Watcher, since: int | None) -> None:
+        """What a new watch sees first: 410 for a version older than the history, every
+        object for none, else the history's events after ``since``."""
+        if since is not None and since < self._oldest:
+            watcher.queue.put_nowait(("error", 410))
+        elif since is None:
+            for obj in self.store.get(watcher.collection, {}).values():
+                if _matches(obj, watcher.namespace, watcher.labels, watcher.fields):
+                    watcher.queue.put_nowait(("event", ("ADDED", copy.deepcopy(obj))))
+        else:
+            for rv, name, event, obj, old in self._history:
+                seen = _as_seen_by(watcher, event, obj, old)
+                if rv > since and name == watcher.collection and seen is not None:
+                    watcher.queue.put_nowait(("event", (seen, copy.deepcopy(obj))))
 
     async def _get(self, request: web.Request) -> web.StreamResponse:
         if self.before_get is not None:
@@ -736,3 +720,31 @@ def make_tls(directory: Path) -> TlsFiles:
         client_cert=material["kube-scheduler.crt"],
         client_key=material["kube-scheduler.key"],
     )
+
+
+async def _stream(watcher: _Watcher, request: web.Request, response: web.StreamResponse) -> bool:
+    """Write the watcher's queue to the response until it ends; true when the
+    connection was dropped on purpose (the response must not be ended cleanly)."""
+    while True:
+        kind, payload = await watcher.queue.get()
+        if kind == "end":
+            return False
+        if kind == "drop":
+            _abort(request)
+            return True
+        if kind == "error":
+            status = status_body(payload, "Expired", "too old resource version")
+            await response.write(_line("ERROR", status))
+            return False
+        if kind == "bookmark":
+            if watcher.bookmarks:
+                bookmark = {"metadata": {"resourceVersion": payload}}
+                await response.write(_line("BOOKMARK", bookmark))
+            continue
+        event, obj = payload
+        await response.write(_line(event, obj))
+        if watcher.drop_after is not None:
+            watcher.drop_after -= 1
+            if watcher.drop_after <= 0:
+                _abort(request)
+                return True

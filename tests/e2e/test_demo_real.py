@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from cluster import jsonio
-from loadtest import demo, real_demo
-from loadtest.fleet import TEAMS
+from loadtest.demo import modes as demo
+from loadtest.demo import real as real_demo
+from loadtest.inputs.fleet import TEAMS
 from loadtest.stack.cluster import E2ECluster
 from loadtest.stack.fleet import POOL
 

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from cluster import labels
-from loadtest.stack.cluster import E2ECluster, gpu_conflicts
+from loadtest.stack.cluster import E2ECluster
 from loadtest.stack.fleet import RESTART_POOL
 from loadtest.stack.jobs import NAMESPACE, gpu_job
+from loadtest.stack.placements import gpu_conflicts
 
 pytestmark = pytest.mark.e2e
 

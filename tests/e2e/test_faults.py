@@ -22,14 +22,10 @@ from typing import Any
 import pytest
 
 from cluster import jsonio, labels
-from loadtest.stack.cluster import (
-    EXTENDER_MAX_CACHE_AGE_S,
-    E2ECluster,
-    Placement,
-    gpu_conflicts,
-)
+from loadtest.stack.cluster import EXTENDER_MAX_CACHE_AGE_S, E2ECluster
 from loadtest.stack.fleet import FAULTS_POOL
 from loadtest.stack.jobs import NAMESPACE, gpu_job
+from loadtest.stack.placements import Placement, gpu_conflicts
 from loadtest.stack.servers import ServerProcess
 
 pytestmark = pytest.mark.e2e

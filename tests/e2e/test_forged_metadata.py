@@ -19,11 +19,12 @@ from typing import Any, Final
 import pytest
 
 from cluster import labels
-from loadtest.stack.cluster import E2ECluster, Placement, gpu_conflicts
+from loadtest.stack.cluster import E2ECluster
 from loadtest.stack.fleet import GANG_POOL
 from loadtest.stack.install import Identity
 from loadtest.stack.jobs import IMAGE, NAMESPACE, OTHER_NAMESPACE, gpu_job, to_yaml
 from loadtest.stack.kubeapi import ApiError, KubeApi, WaitTimeoutError
+from loadtest.stack.placements import Placement, gpu_conflicts
 
 pytestmark = pytest.mark.e2e
 

@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 
 from cluster import labels
-from loadtest.stack.cluster import E2ECluster, Placement, gpu_conflicts
+from loadtest.stack.cluster import E2ECluster
 from loadtest.stack.fleet import CAPACITY
 from loadtest.stack.jobs import NAMESPACE, QUEUE, gpu_job
+from loadtest.stack.placements import Placement, gpu_conflicts
 
 pytestmark = pytest.mark.e2e
 

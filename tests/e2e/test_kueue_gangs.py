@@ -17,16 +17,11 @@ from __future__ import annotations
 import pytest
 
 from cluster import labels
-from loadtest.stack.cluster import (
-    E2ECluster,
-    Placement,
-    gpu_conflicts,
-    parse_indices,
-    true_condition,
-)
+from loadtest.stack.cluster import E2ECluster
 from loadtest.stack.fleet import GANG_POOL, TAS_POOL
 from loadtest.stack.jobs import gpu_job
 from loadtest.stack.kueue import WAIT_FOR_PODS_READY_S
+from loadtest.stack.placements import Placement, gpu_conflicts, parse_indices, true_condition
 
 pytestmark = pytest.mark.e2e
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import pytest
 
 from cluster import labels
-from loadtest.stack.cluster import E2ECluster, gpu_conflicts, true_condition
+from loadtest.stack.cluster import E2ECluster
 from loadtest.stack.fleet import GANG_POOL
 from loadtest.stack.jobs import NAMESPACE, gpu_jobset
+from loadtest.stack.placements import gpu_conflicts, true_condition
 
 pytestmark = pytest.mark.e2e
 

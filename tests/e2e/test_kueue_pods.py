@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from cluster import jsonio, labels
-from loadtest.stack.cluster import E2ECluster, Placement, gpu_conflicts
+from loadtest.stack.cluster import E2ECluster
 from loadtest.stack.jobs import IMAGE, NAMESPACE, QUEUE
+from loadtest.stack.placements import Placement, gpu_conflicts
 
 pytestmark = pytest.mark.e2e
 

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from cluster import labels
-from loadtest.stack.cluster import E2ECluster, gpu_conflicts, true_condition
+from loadtest.stack.cluster import E2ECluster
 from loadtest.stack.fleet import RECLAIM_POOL
 from loadtest.stack.jobs import NAMESPACE, gpu_job
+from loadtest.stack.placements import gpu_conflicts, true_condition
 
 pytestmark = pytest.mark.e2e
 

@@ -14,9 +14,10 @@ from collections.abc import Sequence
 import pytest
 
 from cluster import labels
-from loadtest.stack.cluster import E2ECluster, Placement, gpu_conflicts, parse_indices
+from loadtest.stack.cluster import E2ECluster
 from loadtest.stack.fleet import GANG_POOL, HEALTH_POOL, MAINTENANCE_POOL, SHARE_POOL
 from loadtest.stack.jobs import gpu_job
+from loadtest.stack.placements import Placement, gpu_conflicts, parse_indices
 
 pytestmark = pytest.mark.e2e
 

@@ -44,7 +44,7 @@ from extender import wire
 from extender.app import CACHE, create_app
 from extender.binder import Binder, MemoryBinder
 from extender.settings import ExtenderSettings, parse_levels
-from loadtest.pinned import free_port
+from loadtest.measure.pinned import free_port
 from server.serving import EXPOSITION, GUARD, metrics_app, running
 from server.tls import CertReloader, client_context
 from tests.binders import FailingBinder, GatedBinder

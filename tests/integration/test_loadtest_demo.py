@@ -9,7 +9,7 @@ from pathlib import Path
 
 from cluster import jsonio
 from cluster.clock import SystemClock
-from loadtest import demo
+from loadtest.demo import modes as demo
 
 
 def test_the_short_demo_admits_places_and_reports(tmp_path: Path) -> None:

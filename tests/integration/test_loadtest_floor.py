@@ -1,4 +1,4 @@
-"""The benchmark's floor (``loadtest.baseline_extender --canned``) on a real socket.
+"""The benchmark's floor (``loadtest.bench.baseline_extender --canned``) on a real socket.
 
 What a performance engineer relies on when ``bench-extender`` prints the floor: the
 server speaks kube-scheduler's extender wire, and its answers have the sizes of a real
@@ -20,7 +20,7 @@ from extender.wire import (
     ExtenderFilterResultModel,
     HostPriorityModel,
 )
-from loadtest.baseline_extender import CANNED_REASON, create_app
+from loadtest.bench.baseline_extender import CANNED_REASON, create_app
 from tests.builders import pod_json
 from tests.processes import serve_app
 

@@ -14,10 +14,12 @@ import pytest
 
 from cluster.clock import SystemClock
 from cluster.kube import KubeConfig
-from loadtest import demo, fleet, objects, remote_pods, scenario
 from loadtest.__main__ import main
-from loadtest.apiserver import NAMESPACES, NODES, PODS, MiniApiServer
-from loadtest.targets import local_servers
+from loadtest.demo import modes as demo
+from loadtest.inputs import fleet
+from loadtest.sim import objects, remote_pods, scenario
+from loadtest.sim.apiserver import NAMESPACES, NODES, PODS, MiniApiServer
+from loadtest.sim.targets import local_servers
 
 NAMESPACE = "lt-remote"
 

@@ -15,10 +15,12 @@ from aiohttp import web
 
 from cluster import jsonio, labels
 from cluster.clock import SystemClock
-from loadtest import fleet, objects, report, scenario
-from loadtest.apiserver import MiniApiServer
-from loadtest.cluster_sim import ClusterSim
-from loadtest.targets import Target, Targets
+from loadtest.inputs import fleet
+from loadtest.report import page, summary, terminal
+from loadtest.sim import objects, scenario
+from loadtest.sim.apiserver import MiniApiServer
+from loadtest.sim.cluster_sim import ClusterSim
+from loadtest.sim.targets import Target, Targets
 from tests.processes import serve_app
 
 Obj = dict[str, Any]
@@ -113,10 +115,10 @@ async def test_an_admitted_job_is_unsuspended_through_an_update_review() -> None
     assert len(result.latencies["update"]) == 1
     assert len(result.latencies["mutate"]) == 1
     assert result.errors == {}
-    data = report.to_json(result, {}, 1000)
+    data = summary.to_json(result, {}, 1000)
     assert data["latency_s"]["update"]["count"] == 1
-    assert any(line.lstrip().startswith("update ") for line in report.summary_lines(result, data))
-    assert "update" in report.html_page(result, data, "t")
+    assert any(line.lstrip().startswith("update ") for line in terminal.summary_lines(result, data))
+    assert "update" in page.html_page(result, data, "t")
 
 
 async def test_a_denied_update_leaves_the_job_suspended_and_is_an_error() -> None:
@@ -129,8 +131,8 @@ async def test_a_denied_update_leaves_the_job_suspended_and_is_an_error() -> Non
     assert job.admitted_s is None
     assert job.pods == []
     assert all(used == 0 for used in sim.book.used.values())  # the quota was given back
-    data = report.to_json(result, {}, 1000)
-    lines = report.summary_lines(result, data)
+    data = summary.to_json(result, {}, 1000)
+    lines = terminal.summary_lines(result, data)
     assert any("1 refused or failed" in line for line in lines)
     assert data["errors"] == {"update:denied 422: label kueue.x-k8s.io/queue-name cannot change": 1}
 

@@ -10,8 +10,8 @@ from cluster.convert.pods import pod_from_json
 from cluster.feed import CacheFeed
 from cluster.model import PodDemand
 from cluster.snapshot import Snapshot
-from loadtest import selfcheck
-from loadtest.traces import TracePod, node_object, pod_object
+from loadtest.demo import selfcheck
+from loadtest.inputs.traces import TracePod, node_object, pod_object
 
 
 def test_without_traces_the_selfcheck_runs_on_a_synthetic_fleet(tmp_path: Path) -> None:

@@ -15,9 +15,9 @@ from loadtest.__main__ import main
 @pytest.mark.parametrize(
     ("command", "prog"),
     [
-        ("bench-webhook", "python -m loadtest.bench_webhook"),
+        ("bench-webhook", "python -m loadtest.bench.webhook"),
         ("bench-webhook --against kueue", "python -m loadtest bench-webhook --against kueue"),
-        ("bench-extender", "python -m loadtest.bench_extender"),
+        ("bench-extender", "python -m loadtest.bench.extender"),
         ("overload", "python -m loadtest overload"),
     ],
 )

@@ -1,4 +1,4 @@
-"""The benchmarks' generated fleet (``loadtest.bench_cache.write_fleet``) is a cluster the
+"""The benchmarks' generated fleet (``loadtest.bench.cache.write_fleet``) is a cluster the
 extender can read, whose gangs are real gangs: every member of one in one namespace
 under one gang id, as a Job's pods are."""
 
@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from cluster import jsonio, labels
-from loadtest.bench_cache import GANG_SIZE, write_fleet
+from loadtest.bench.cache import GANG_SIZE, write_fleet
 
 
 def test_the_members_of_a_gang_share_its_namespace_and_id(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cluster import labels
-from loadtest import kueue
+from loadtest.sim import kueue
 
 GPU = labels.GPU_RESOURCE
 

@@ -18,10 +18,13 @@ from cluster.cache import ClusterCache
 from cluster.clock import ManualClock
 from cluster.feed import CacheFeed
 from cluster.model import NodeName
-from loadtest import demo, fleet, node_files, objects, scenario
-from loadtest.__main__ import _nodes, _spec, main
-from loadtest.fleet import BLOCK_LABEL, RACK_LABEL
-from loadtest.traces import DEFAULT_DATA_DIR, SPOT, TraceNode
+from loadtest.__main__ import main
+from loadtest.cli import parse_nodes, run_spec
+from loadtest.demo import modes as demo
+from loadtest.inputs import fleet, node_files
+from loadtest.inputs.fleet import BLOCK_LABEL, RACK_LABEL
+from loadtest.inputs.traces import DEFAULT_DATA_DIR, SPOT, TraceNode
+from loadtest.sim import objects, scenario
 from webhook.admit import admit
 from webhook.policy_build import policy_from_objects
 from webhook.review import decode_review
@@ -148,11 +151,11 @@ def test_queues_cover_every_model_biggest_boards_first_within_the_fleet() -> Non
 
 
 def test_the_cli_takes_a_count_or_a_node_list(tmp_path: Path) -> None:
-    assert _nodes("64") == 64
-    assert _nodes("spot-v2026") == "spot-v2026"
+    assert parse_nodes("64") == 64
+    assert parse_nodes("spot-v2026") == "spot-v2026"
     for bad in ("0", "spot", "-3"):
         with pytest.raises(Exception, match="node count or one of spot-v2026, openb"):
-            _nodes(bad)
+            parse_nodes(bad)
     with pytest.raises(SystemExit, match="--trace brings its own nodes"):
         main(["latency", "--nodes", "spot-v2026", "--trace", "openb-default"])
     with pytest.raises(SystemExit, match="--node-limit N"):
@@ -201,7 +204,7 @@ def test_node_limit_takes_the_first_nodes_of_the_file() -> None:
         namespace="tessera-loadtest",
         data=DEFAULT_DATA_DIR,
     )
-    spec = _spec(args, demo.demo_spec())
+    spec = run_spec(args, demo.demo_spec())
     prepared = scenario.prepare(spec, datetime(2026, 1, 1, tzinfo=UTC))
     assert [n["metadata"]["name"] for n in prepared.nodes[:2]] == [
         "spot-node-00000",

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from cluster import jsonio, labels
-from loadtest import fleet, objects, trace_input
-from loadtest.traces import TraceNode, TracePod
+from loadtest.inputs import fleet, trace_input
+from loadtest.inputs.traces import TraceNode, TracePod
+from loadtest.sim import objects
 
 
 def answer(uid: str, **response: Any) -> bytes:

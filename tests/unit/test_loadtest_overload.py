@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.openloop import RunResult, Schedule
-from loadtest.overload import Outcome, find_rate
-from loadtest.stats import Histogram
+from loadtest.bench.overload import find_rate
+from loadtest.bench.overload_report import Outcome
+from loadtest.measure.openloop import RunResult, Schedule
+from loadtest.measure.stats import Histogram
 
 
 def run_at(rate: float, capacity: float) -> RunResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from cluster.clock import SystemClock
-from loadtest.pinned import fixed_work_seconds
+from loadtest.measure.pinned import fixed_work_seconds
 
 
 def test_the_fixed_task_runs_as_often_as_asked_on_the_core_asked() -> None:

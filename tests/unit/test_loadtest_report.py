@@ -7,15 +7,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from loadtest import report, svg
-from loadtest.stats import percentile
+from loadtest.measure.stats import percentile
+from loadtest.report import placement_page, summary, svg
 
 MS = 0.001
 
 
 def test_summary_is_nearest_rank_on_the_raw_samples() -> None:
     values = [i * MS for i in range(1, 101)]  # 1..100 ms
-    s = report.summarize(values)
+    s = summary.summarize(values)
     assert (s.count, s.p50, s.p90, s.p99, s.p999, s.maximum) == (
         100,
         50 * MS,
@@ -25,7 +25,7 @@ def test_summary_is_nearest_rank_on_the_raw_samples() -> None:
         100 * MS,
     )
     assert s.mean == pytest.approx(50.5 * MS)
-    assert report.summarize([]).count == 0
+    assert summary.summarize([]).count == 0
 
 
 def test_pooled_extender_percentiles_weigh_every_request_once() -> None:
@@ -37,11 +37,11 @@ def test_pooled_extender_percentiles_weigh_every_request_once() -> None:
         "bind": [100 * MS] * 10,
         "mutate": [5 * MS],
     }
-    pooled = report.latency_summaries(latencies)[report.ALL_EXTENDER]
+    pooled = summary.latency_summaries(latencies)[summary.ALL_EXTENDER]
     assert pooled.count == 100
     assert pooled.p90 == 1 * MS
     assert pooled.p99 == 100 * MS
-    assert report.latency_summaries(latencies)["mutate"].p50 == 5 * MS
+    assert summary.latency_summaries(latencies)["mutate"].p50 == 5 * MS
 
 
 @given(
@@ -56,10 +56,10 @@ def test_pooled_percentile_equals_the_percentile_of_all_samples(
     latencies: dict[str, list[float]], q: float
 ) -> None:
     everything = sorted(v for values in latencies.values() for v in values)
-    pooled = report.latency_summaries(latencies)[report.ALL_EXTENDER]
+    pooled = summary.latency_summaries(latencies)[summary.ALL_EXTENDER]
     expected = {50.0: pooled.p50, 90.0: pooled.p90, 99.0: pooled.p99, 99.9: pooled.p999}[q]
     assert expected == percentile(everything, q)
-    per_verb = [report.summarize(v).maximum for v in latencies.values()]
+    per_verb = [summary.summarize(v).maximum for v in latencies.values()]
     assert pooled.maximum == max(per_verb)
 
 
@@ -103,12 +103,12 @@ def test_placement_curves_take_the_median_over_seeds_and_keep_published_figures(
         ],
         "published": {"default/06-FGD": {"130": 95.4, "100": 95.2}, "other/06-FGD": {"130": 1.0}},
     }
-    curves = report.placement_curves(data)
+    curves = placement_page.placement_curves(data)
     assert curves == {
         "default": {
             "tessera": [(100.0, 91.0), (130.0, 96.0)],
             "06-FGD (published)": [(100.0, 95.2), (130.0, 95.4)],
         }
     }
-    page = report.placement_page(data, "t")
+    page = placement_page.placement_page(data, "t")
     assert page.count("<svg") == 2

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cluster import labels
-from loadtest import objects, scheduling
+from loadtest.sim import objects, scheduling
 
 
 def node(

@@ -18,8 +18,9 @@ from prometheus_client import Histogram as PromHistogram
 
 from cluster import jsonio
 from cluster.clock import ManualClock, SystemClock
-from loadtest.bench_webhook import Criteria, SearchPlan, max_sustained, search
-from loadtest.openloop import (
+from loadtest.bench.review_steps import VARIANT_ANNOTATION, ReviewTemplate, StepResult, StepSpec
+from loadtest.bench.search import Criteria, SearchPlan, max_sustained, search
+from loadtest.measure.openloop import (
     Http1Connection,
     RequestFailed,
     RunResult,
@@ -28,8 +29,7 @@ from loadtest.openloop import (
     latency_from_intended,
     run_open_loop,
 )
-from loadtest.review_steps import VARIANT_ANNOTATION, ReviewTemplate, StepResult, StepSpec
-from loadtest.stats import Histogram, nearest_rank, percentile, scrape_histogram
+from loadtest.measure.stats import Histogram, nearest_rank, percentile, scrape_histogram
 
 T = TypeVar("T")
 MS = 0.001

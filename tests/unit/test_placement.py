@@ -17,9 +17,10 @@ from cluster.model import PodKey
 from extender.config import ExtenderConfig, mix_from_demands
 from extender.context import PodContext
 from extender.scores import score_node
-from loadtest import fgd
-from loadtest.fgd import Shape
-from loadtest.placement import (
+from loadtest.inputs.traces import TraceNode, node_object
+from loadtest.placement import fgd
+from loadtest.placement.fgd import Shape
+from loadtest.placement.policies import (
     NO_FIT,
     NOW,
     BestFit,
@@ -30,11 +31,8 @@ from loadtest.placement import (
     Tessera,
     demand_of,
     node_state,
-    parse_seeds,
-    play,
-    wire_best,
 )
-from loadtest.traces import TraceNode, node_object
+from loadtest.placement.study import parse_seeds, play, wire_best
 
 CPU_POD = Shape(cpu_milli=4000, memory_mib=1024, num_gpu=0, gpu_milli=0)
 
