@@ -126,7 +126,7 @@ def pod_fits(
     return node.max_pods
 
 
-def fragmentation(  # noqa: C901, PLR0912 - being split on another branch (issue 21)
+def fragmentation(
     node: NodeState,
     mix: tuple[MixEntry, ...],
     islands_required: bool,

@@ -98,7 +98,7 @@ def _token(key: str) -> str:
     return key if "~" not in key and "/" not in key else escape(key)
 
 
-def _diff(a: Any, b: Any, path: str, ops: JsonPatch) -> None:  # noqa: C901 - being split on another branch (issue 21)
+def _diff(a: Any, b: Any, path: str, ops: JsonPatch) -> None:
     if a is b:
         return
     if isinstance(a, dict) and isinstance(b, dict):
