@@ -5,7 +5,7 @@ at scrape time; must not decide anything or change the cache.
 
 Label sets are bounded: verbs and results are fixed words, and a filter reason (free
 text written for people, one per node) is counted under the filter it comes from
-(``reason_category``), never as itself.
+(``explain.reason_category``), never as itself.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cluster.cache import CacheCounters
-from cluster.model import MILLI_PER_GPU, NodeName
+from cluster.model import MILLI_PER_GPU
 from extender.decide import FilterOutcome
+from extender.explain import Tallies, reason_category
 from server.serving import GcPauses, MetricChildren
 
 # kube-scheduler waits on /filter and /prioritize inside its scheduling loop: resolve the
@@ -41,40 +42,8 @@ LATENCY_BUCKETS: Final = (
     5.0,
 )
 
-# Ordered: the first fragment found in a reason names its category. They follow the
-# wording of extender.filters and extender.decide; an unknown wording counts as "other".
-_REASON_FRAGMENTS: Final = (
-    ("request is unusable: ", "unusable_request"),
-    ("not in the extender's cache", "not_cached"),
-    ("not a usable Node", "bad_node"),
-    ("cordoned", "cordoned"),
-    ("pod accepts", "product"),
-    ("drains for maintenance", "maintenance"),
-    ("requires topology level", "gang_level"),
-    ("has room for", "gang_room"),
-    ("; gang ", "gang_domain"),
-    ("; the node is in another ", "gang_domain"),
-    ("node has no GPUs", "no_gpus"),
-    ("are unhealthy", "too_few_gpus"),
-    ("node has ", "too_few_gpus"),
-    ("free in island", "island"),
-    ("are in use", "gpus_in_use"),
-    ("milli-GPU free", "gpus_in_use"),
-    (" free, pod needs", "gpus_in_use"),
-)
-REASON_CATEGORIES: Final = frozenset(c for _, c in _REASON_FRAGMENTS) | {"other"}
-
-
 _CATEGORIES_KEPT: Final = 4096
 """Reason texts whose category is remembered (most repeat; a few name a node)."""
-
-
-def reason_category(reason: str) -> str:
-    """The bounded label a filter reason is counted under."""
-    for fragment, category in _REASON_FRAGMENTS:
-        if fragment in reason:
-            return category
-    return "other"
 
 
 class _CacheCollector(Collector):
@@ -251,23 +220,18 @@ class ExtenderMetrics:
     def decided(self, verb: str, seconds: float) -> None:
         self._decision(verb).observe(seconds)
 
-    def filtered(self, outcome: FilterOutcome) -> None:
+    def filtered(self, outcome: FilterOutcome, tallies: Tallies) -> None:
+        """One ``/filter`` answer; ``tallies`` are its nodes per reason text
+        (``Tallies.of(outcome.failed, outcome.unresolvable)``)."""
         if outcome.fits:
             self._filter_nodes("fit").inc(len(outcome.fits))
         if outcome.failed:
             self._filter_nodes("failed").inc(len(outcome.failed))
         if outcome.unresolvable:
             self._filter_nodes("unresolvable").inc(len(outcome.unresolvable))
-        self._reasons(outcome.failed, outcome.unresolvable)
-
-    def _reasons(self, *maps: Mapping[NodeName, str]) -> None:
-        # 5,000 failed nodes carry a few distinct reasons: count them at C speed first
-        tally: Tally[str] = Tally()
-        for reasons in maps:
-            tally.update(reasons.values())
         per_category: Tally[str] = Tally()
         categories = self._categories
-        for reason, count in tally.items():
+        for reason, count in tallies.by_reason():
             category = categories.get(reason)
             if category is None:
                 if len(categories) >= _CATEGORIES_KEPT:
