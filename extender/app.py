@@ -59,6 +59,7 @@ from extender.binder import ApiBinder, Binder, MemoryBinder
 from extender.binding import Binds
 from extender.config import ExtenderConfig
 from extender.explain import Tallies
+from extender.flavors import Flavors
 from extender.learning import LiveConfig, prepare_gang_shapes, relearn_pod_mix
 from extender.memo import DecisionCache
 from extender.metrics import ExtenderMetrics
@@ -121,6 +122,7 @@ METRICS = web.AppKey("metrics", ExtenderMetrics)
 SOURCE = web.AppKey("source", Source)
 BINDS = web.AppKey("binds", Binds)
 REASONS = web.AppKey("reasons", ReasonStore)
+FLAVORS = web.AppKey("flavors", Flavors)
 ENVIRON = web.AppKey("environ", Mapping[str, str])
 
 
@@ -366,9 +368,13 @@ async def _watch_cluster(app: web.Application) -> AsyncIterator[None]:
             client, watch_timeout_s=settings.watch_timeout_s, clock=app[CLOCK]
         )
         app[SOURCE].informers = informers
+        flavors = app[FLAVORS].informer(
+            client, watch_timeout_s=settings.watch_timeout_s, clock=app[CLOCK]
+        )
         async with (
             serving.background(run_all(informers), "watch nodes and pods"),
             serving.background(_keep_listed(app[SOURCE]), "keep the listed cluster"),
+            serving.background(flavors.run(), "watch resource flavors"),
         ):
             yield
 
@@ -423,6 +429,9 @@ def create_app(
     app[SOURCE] = source
     app[METRICS] = ExtenderMetrics(cache.counters, source.ages)
     app[METRICS].pod_mix(len(config.pod_mix), 0, changed=False)
+    app[FLAVORS] = flavors = Flavors()
+    live = app[CONFIG]
+    app[METRICS].watch_capacity(cache.snapshot, lambda: live.current, flavors.table)
     app[REASONS] = ReasonStore(clock, max_pods=settings.reasons_kept)
     app[serving.DEBUG_ROUTES] = {"/debug/reasons": reasons_page(app[REASONS])}
     app[serving.GC_PAUSES] = app[METRICS].gc_pauses
@@ -436,7 +445,11 @@ def create_app(
         prefix="tessera_extender",
     )
     if settings.cluster_file is not None:
-        CacheFeed(cache, levels=config.level_labels).load_file(settings.cluster_file)
+        others: list[Mapping[str, object]] = []
+        CacheFeed(cache, levels=config.level_labels).load_file(
+            settings.cluster_file, others=others.append
+        )
+        flavors.replace(o for o in others if o.get("kind") == "ResourceFlavor")
         source.loaded = True
         binder = binder or MemoryBinder(cache)
     else:

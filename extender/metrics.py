@@ -1,17 +1,19 @@
 """The extender's Prometheus metrics, one registry per app (no process-global state).
 
 Layer: I/O (exposition). Counts what the handlers report and reads the cache's counters
-at scrape time; must not decide anything or change the cache.
+and a snapshot at scrape time; must not decide anything or change the cache.
 
-Label sets are bounded: verbs and results are fixed words, and a filter reason (free
-text written for people, one per node) is counted under the filter it comes from
-(``explain.reason_category``), never as itself.
+Label sets are bounded: verbs and results are fixed words, a filter reason (free text
+written for people, one per node) is counted under the filter it comes from
+(``explain.reason_category``), never as itself, and the capacity figures are labelled by
+GPU product, ResourceFlavor and topology level, which the cluster's admins name.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -19,7 +21,18 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cluster.cache import CacheCounters
-from cluster.model import MILLI_PER_GPU
+from cluster.model import MILLI_PER_GPU, NodeName, NodeState
+from cluster.snapshot import Snapshot
+from extender.capacity import (
+    GANG_GPUS,
+    GroupFigures,
+    NodeFigures,
+    flavor_of,
+    fragmented_gpus,
+    largest_gangs,
+    node_figures,
+)
+from extender.config import ExtenderConfig
 from extender.decide import FilterOutcome
 from extender.explain import Tallies, reason_category
 from server.serving import GcPauses, MetricChildren
@@ -127,6 +140,120 @@ class _CacheCollector(Collector):
         yield fragmentation
 
 
+_CAPACITY_STATES: Final = ("total", "allocated", "free", "unhealthy", "draining")
+
+
+class _CapacityCollector(Collector):
+    """GPUs per product and flavor, FGD fragmentation and the largest gang per level,
+    counted from one snapshot when scraped (``extender.capacity``), never on a request.
+
+    Each node's figures are kept from the scrape before while its ``NodeState`` is the
+    same object under the same config and flavors (a node that changed is a new
+    object): a scrape recounts only the nodes that changed since the last one.
+    """
+
+    def __init__(
+        self,
+        snapshot: Callable[[], Snapshot],
+        config: Callable[[], ExtenderConfig],
+        flavors: Callable[[], Mapping[str, Mapping[str, str]]],
+    ) -> None:
+        self._snapshot = snapshot
+        self._config = config
+        self._flavors = flavors
+        self._kept: dict[NodeName, _NodeKept] = {}
+
+    def _figures(self, nodes: Iterable[NodeState]) -> list[_NodeKept]:
+        config, flavors = self._config(), self._flavors()
+        kept, fresh = self._kept, {}
+        rows = []
+        for node in nodes:
+            if not node.gpus:
+                continue
+            row = kept.get(node.name)
+            if (
+                row is None
+                or row.node is not node
+                or row.config is not config
+                or row.flavors is not flavors
+            ):
+                figures = node_figures(node, islands_required=config.islands_required)
+                row = _NodeKept(
+                    node,
+                    config,
+                    flavors,
+                    figures,
+                    fragmented_gpus(node, config),
+                    flavor_of(node, flavors),
+                )
+            fresh[node.name] = row
+            rows.append(row)
+        self._kept = fresh
+        return rows
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        config = self._config()
+        rows = self._figures(self._snapshot().nodes.values())
+        groups: dict[tuple[str, str], GroupFigures] = {}
+        for row in rows:
+            key = (row.node.product or "unknown", row.flavor)
+            groups[key] = groups.get(key, GroupFigures()).plus(row.figures, row.fragmented)
+        gpus = GaugeMetricFamily(
+            "tessera_extender_capacity_gpus",
+            "Whole GPUs per product, Kueue ResourceFlavor (by its nodeLabels; empty: none) "
+            "and state: total; allocated (some pod holds some of it); free (healthy, no "
+            "pod holds any of it); unhealthy (tessera.dev/unhealthy-gpus); draining (on "
+            "nodes with a tessera.dev/drain-after time).",
+            labels=("product", "flavor", "state"),
+        )
+        nodes = GaugeMetricFamily(
+            "tessera_extender_capacity_nodes",
+            "GPU nodes per product and flavor.",
+            labels=("product", "flavor"),
+        )
+        fragmented = GaugeMetricFamily(
+            "tessera_extender_gpu_fragmented_gpus",
+            "Free GPU capacity, in GPUs, that the pod mix in use could not use (FGD's "
+            "expected fragmentation, summed over the nodes).",
+            labels=("product", "flavor"),
+        )
+        for (product, flavor), g in sorted(groups.items()):
+            values = (g.gpus_total, g.gpus_allocated, g.gpus_free, g.gpus_unhealthy)
+            for state, value in zip(_CAPACITY_STATES, (*values, g.gpus_draining), strict=True):
+                gpus.add_metric((product, flavor, state), value)
+            nodes.add_metric((product, flavor), g.nodes)
+            fragmented.add_metric((product, flavor), g.fragmented)
+        yield gpus
+        yield nodes
+        yield fragmented
+        gangs = GaugeMetricFamily(
+            "tessera_extender_largest_gang_pods",
+            f"Pods of {GANG_GPUS} whole GPUs (in one NVLink island where the filter requires "
+            "it) that one domain of the topology level could start now, per product: the "
+            "best domain; hostname is the best node, cluster all nodes. Cordoned and "
+            "draining nodes count for none.",
+            labels=("product", "level"),
+        )
+        levels = [(level.name, level.node_label) for level in config.levels]
+        found = largest_gangs(
+            ((r.node.product or "unknown", r.node.labels, r.figures.gang_pods) for r in rows),
+            levels,
+        )
+        for (product, level), pods in sorted(found.items()):
+            gangs.add_metric((product, level), pods)
+        yield gangs
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeKept:
+    node: NodeState
+    config: ExtenderConfig
+    flavors: Mapping[str, Mapping[str, str]]
+    figures: NodeFigures
+    fragmented: float
+    flavor: str
+
+
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
 
@@ -205,6 +332,16 @@ class ExtenderMetrics:
         self._filter_nodes = MetricChildren(self.filter_nodes)
         self._filter_reasons = MetricChildren(self.filter_reasons)
         self._categories: dict[str, str] = {}
+
+    def watch_capacity(
+        self,
+        snapshot: Callable[[], Snapshot],
+        config: Callable[[], ExtenderConfig],
+        flavors: Callable[[], Mapping[str, Mapping[str, str]]] = dict,
+    ) -> None:
+        """Count GPUs per product and flavor, fragmentation and the largest gangs from
+        ``snapshot()`` at each scrape (``_CapacityCollector``)."""
+        self.registry.register(_CapacityCollector(snapshot, config, flavors))
 
     def pod_mix(self, sizes: int, pods: int, *, changed: bool = True) -> None:
         """The mix in use: ``sizes`` pod sizes learned from ``pods`` GPU pods."""

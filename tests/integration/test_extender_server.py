@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import jsonio, logs
 from cluster.cache import ClusterCache
@@ -43,6 +44,7 @@ from cluster.model import Allocation, NodeName, PodKey
 from extender import wire
 from extender.app import CACHE, create_app
 from extender.binder import Binder, MemoryBinder
+from extender.flavors import FLAVORS_PATH
 from extender.settings import ExtenderSettings, parse_levels
 from loadtest.pinned import free_port
 from server.serving import DEBUG_ROUTES, EXPOSITION, GUARD, metrics_app, running
@@ -817,8 +819,9 @@ async def test_the_watches_ask_for_bookmarks_and_end_within_the_cache_age_limit(
 ) -> None:
     api.put(NODES_PATH, node_json("gpu-a"))
     async with api_extender(api, tmp_path, max_cache_age_s=30) as ext:
-        await eventually(lambda: len(api.requests_of("watch")) == 2, "both watches open")
+        await eventually(lambda: len(api.requests_of("watch")) == 3, "the three watches open")
         assert await ext.get("/readyz") == (200, "ok")
+    assert {w.path for w in api.requests_of("watch")} == {NODES_PATH, PODS_PATH, FLAVORS_PATH}
     for watch in api.requests_of("watch"):
         assert watch.query["allowWatchBookmarks"] == "true"
         assert 10 <= int(watch.query["timeoutSeconds"]) < 20
@@ -869,7 +872,7 @@ async def test_a_filtered_pod_s_reasons_read_back_from_the_metrics_listener(
     tmp_path: Path,
 ) -> None:
     """What ``tessera why`` reads: the last /filter of a pod, grouped, on the metrics
-    listener only."""
+    listener only; the capacity figures beside it, as Prometheus parses them."""
     flavor = {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "ResourceFlavor",
@@ -901,6 +904,7 @@ async def test_a_filtered_pod_s_reasons_read_back_from_the_metrics_listener(
             assert response.status == 400
         async with ext.session.get(ext.metrics_url + "/debug/reasons?pod=../etc") as response:
             assert response.status == 400
+        text = await ext.metrics()
 
     record, missing = shown["pods"]
     assert missing == {"pod": "team-nlp/nobody", "found": False}
@@ -922,6 +926,16 @@ async def test_a_filtered_pod_s_reasons_read_back_from_the_metrics_listener(
         "island": (1, True, ["gpu-b"]),
         "maintenance": (1, False, ["gpu-c"]),
     }
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    h100 = (("flavor", "h100"), ("product", "NVIDIA-H100-80GB-HBM3"))
+    assert samples[("tessera_extender_capacity_gpus", (*h100, ("state", "free")))] == 19
+    assert samples[("tessera_extender_capacity_gpus", (*h100, ("state", "draining")))] == 8
+    cluster_gang = (("level", "cluster"), ("product", "NVIDIA-H100-80GB-HBM3"))
+    assert samples[("tessera_extender_largest_gang_pods", cluster_gang)] == 0
 
 
 # ---------------------------------------------------------------- the learned pod mix
