@@ -388,11 +388,13 @@ def test_the_webhook_only_reads_kueue_queue_objects_and_the_owners_of_pods_and_j
 
 def test_the_extender_watches_nodes_and_pods_and_binds_nothing_more() -> None:
     """No ``patch`` or ``update`` on pods: the GPU annotation travels in the Binding.
-    Whoever may patch any pod may change any pod's image."""
+    Whoever may patch any pod may change any pod's image. ResourceFlavors only label its
+    capacity metrics: read, never written."""
     assert rules(one("ClusterRole", "tessera-extender")) == {
         (("",), ("nodes",), ("get", "list", "watch"), ()),
         (("",), ("pods",), ("get", "list", "watch"), ()),
         (("",), ("pods/binding",), ("create",), ()),
+        (("kueue.x-k8s.io",), ("resourceflavors",), ("list", "watch"), ()),
     }
 
 
