@@ -402,12 +402,14 @@ def test_the_console_reads_queues_and_pods_and_writes_only_node_annotations_even
     None
 ):
     """What ``tessera`` does with it: ``nodes``/``queues`` list, ``drain``/``undrain``/
-    ``gpu-health`` get and patch a node and create an Event, ``sbatch`` creates a Job.
-    Left unbound: an admin binds it to the platform team."""
+    ``gpu-health`` get and patch a node and create an Event, ``sbatch`` creates a Job,
+    ``why`` gets the object asked about and lists its namespace's events, and reads the
+    extenders' /debug/reasons through the pod proxy in tessera-system only. Left
+    unbound: an admin binds it to the platform team."""
     assert rules(one("ClusterRole", "tessera-console")) == {
         (("",), ("nodes",), ("get", "list", "patch"), ()),
-        (("",), ("pods",), ("list",), ()),
-        (("",), ("events",), ("create",), ()),
+        (("",), ("pods",), ("get", "list"), ()),
+        (("",), ("events",), ("create", "list"), ()),
         (
             ("kueue.x-k8s.io",),
             (
@@ -421,8 +423,12 @@ def test_the_console_reads_queues_and_pods_and_writes_only_node_annotations_even
             ("list",),
             (),
         ),
-        (("batch",), ("jobs",), ("create",), ()),
+        (("batch",), ("jobs",), ("create", "get"), ()),
+        (("jobset.x-k8s.io",), ("jobsets",), ("get",), ()),
     }
+    proxy = one("Role", "tessera-console-extender")
+    assert proxy["metadata"]["namespace"] == NAMESPACE
+    assert rules(proxy) == {(("",), ("pods/proxy",), ("get",), ())}
 
 
 def test_kube_scheduler_may_renew_only_its_own_lease() -> None:
@@ -474,6 +480,7 @@ def test_each_service_account_is_bound_to_exactly_what_it_needs() -> None:
         ("ClusterRole", "tessera-webhook"),
         ("ClusterRole", "tessera-extender"),
         ("ClusterRole", "tessera-console"),
+        ("Role", "tessera-console-extender"),
         ("Role", "tessera-scheduler-leader-election"),
     }
 
