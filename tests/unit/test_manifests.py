@@ -691,10 +691,12 @@ def kustomizations() -> list[Path]:
     return sorted(MANIFESTS.rglob("kustomization.yaml"))
 
 
-def test_the_install_and_the_examples_are_separate_kustomizations() -> None:
+def test_the_install_the_examples_and_monitoring_are_separate_kustomizations() -> None:
+    """Monitoring needs the Prometheus Operator's CRDs, which the install does not."""
     assert kustomizations() == [
         MANIFESTS / "examples" / "kustomization.yaml",
         MANIFESTS / "kustomization.yaml",
+        MANIFESTS / "monitoring" / "kustomization.yaml",
     ]
 
 
