@@ -536,6 +536,10 @@ async def _workload(
     return workload_state(obj, mine.gpus if mine is not None else 0, quota)
 
 
+def _times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
+
+
 def _why_text(found: WhyReport, now: datetime) -> str:
     def ago(when: datetime | None) -> str:
         return render.NONE if when is None else render.duration((now - when).total_seconds())
@@ -602,7 +606,7 @@ def _why_text(found: WhyReport, now: datetime) -> str:
         )
         parts.append(
             f"\nEXTENDER {seen.source}: last /filter of {pods} {ago(r.at)} ago "
-            f"({r.filters} /filter since {format_rfc3339(r.first_at)})\n{headline(r)}\n"
+            f"(filtered {_times(r.filters)} since {format_rfc3339(r.first_at)})\n{headline(r)}\n"
         )
         rows = [
             (
