@@ -1,5 +1,5 @@
-"""GPUs counted for capacity planning: per node, then per product and flavor, and the
-largest gang that could start now at each topology level.
+"""GPUs counted for capacity planning, node by node: what ``/metrics`` sums per product,
+flavor and topology domain.
 
 Layer: PURE. Functions of ``NodeState`` records and plain values: no I/O, no clock, no
 cache, no settings. The extender's metrics (``extender.metrics``) and the console
@@ -17,7 +17,7 @@ whose time limit ends before it and a gang's limit is not known here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cluster.model import MILLI_PER_GPU, NodeState, PodDemand
@@ -81,50 +81,3 @@ def flavor_of(node: NodeState, flavors: Mapping[str, Mapping[str, str]]) -> str:
             if best is None or key < best:
                 best = key
     return "" if best is None else best[1]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupFigures:
-    """The GPUs of the nodes of one product and flavor."""
-
-    nodes: int = 0
-    gpus_total: int = 0
-    gpus_allocated: int = 0
-    gpus_free: int = 0
-    gpus_unhealthy: int = 0
-    gpus_draining: int = 0
-    """GPUs on nodes that have a drain time."""
-    fragmented: float = 0.0
-
-    def plus(self, figures: NodeFigures, fragmented: float) -> GroupFigures:
-        return GroupFigures(
-            nodes=self.nodes + 1,
-            gpus_total=self.gpus_total + figures.gpus_total,
-            gpus_allocated=self.gpus_allocated + figures.gpus_allocated,
-            gpus_free=self.gpus_free + figures.gpus_free,
-            gpus_unhealthy=self.gpus_unhealthy + figures.gpus_unhealthy,
-            gpus_draining=self.gpus_draining + (figures.gpus_total if figures.draining else 0),
-            fragmented=self.fragmented + fragmented,
-        )
-
-
-def largest_gangs(
-    nodes: Iterable[tuple[str, Mapping[str, str], int]], levels: Sequence[tuple[str, str]]
-) -> dict[tuple[str, str], int]:
-    """(product, level) → the most gang pods one domain of that level could start now,
-    from (product, node labels, gang pods) per node; ``levels`` are (name, node label)
-    widest first. ``hostname`` is the best single node and ``cluster`` all nodes of the
-    product together, whatever the levels."""
-    per_domain: dict[tuple[str, str], dict[str, int]] = {}
-    best: dict[tuple[str, str], int] = {}
-    for product, node_labels, pods in nodes:
-        for name, label in levels:
-            value = node_labels.get(label)
-            if value is not None and name != "hostname":
-                domains = per_domain.setdefault((product, name), {})
-                domains[value] = domains.get(value, 0) + pods
-        best[(product, "hostname")] = max(best.get((product, "hostname"), 0), pods)
-        best[(product, "cluster")] = best.get((product, "cluster"), 0) + pods
-    for key, domains in per_domain.items():
-        best[key] = max(domains.values(), default=0)
-    return best

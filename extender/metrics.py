@@ -12,7 +12,7 @@ GPU product, ResourceFlavor and topology level, which the cluster's admins name.
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -23,15 +23,7 @@ from prometheus_client.registry import Collector
 from cluster.cache import CacheCounters
 from cluster.model import MILLI_PER_GPU, NodeName, NodeState
 from cluster.snapshot import Snapshot
-from extender.capacity import (
-    GANG_GPUS,
-    GroupFigures,
-    NodeFigures,
-    flavor_of,
-    fragmented_gpus,
-    largest_gangs,
-    node_figures,
-)
+from extender.capacity import GANG_GPUS, flavor_of, fragmented_gpus, node_figures
 from extender.config import ExtenderConfig
 from extender.decide import FilterOutcome
 from extender.explain import Tallies, reason_category
@@ -147,9 +139,11 @@ class _CapacityCollector(Collector):
     """GPUs per product and flavor, FGD fragmentation and the largest gang per level,
     counted from one snapshot when scraped (``extender.capacity``), never on a request.
 
-    Each node's figures are kept from the scrape before while its ``NodeState`` is the
-    same object under the same config and flavors (a node that changed is a new
-    object): a scrape recounts only the nodes that changed since the last one.
+    The sums are kept from one scrape to the next and corrected node by node: a node
+    whose ``NodeState`` is the same object as at the last scrape (a node that changed is
+    a new object) costs an identity check, one that changed is taken out of the sums
+    and put back in. A new config or new flavors start the sums afresh. At 5,000 nodes a
+    scrape is a pass of identity checks plus the nodes that changed.
     """
 
     def __init__(
@@ -161,43 +155,86 @@ class _CapacityCollector(Collector):
         self._snapshot = snapshot
         self._config = config
         self._flavors = flavors
+        self._basis: tuple[ExtenderConfig, Mapping[str, Mapping[str, str]]] | None = None
         self._kept: dict[NodeName, _NodeKept] = {}
+        self._groups: dict[tuple[str, str], list[float]] = {}
+        """(product, flavor) → nodes, GPUs total, allocated, free, unhealthy, draining,
+        fragmented."""
+        self._domains: dict[tuple[str, str, str], int] = {}
+        """(product, level, domain) → gang pods its nodes could start."""
+        self._per_node: dict[str, Tally[int]] = {}
+        """product → nodes by the gang pods each could start (for the best node)."""
 
-    def _figures(self, nodes: Iterable[NodeState]) -> list[_NodeKept]:
+    def _row(
+        self, node: NodeState, config: ExtenderConfig, flavors: Mapping[str, Mapping[str, str]]
+    ) -> _NodeKept:
+        figures = node_figures(node, islands_required=config.islands_required)
+        product = node.product or "unknown"
+        return _NodeKept(
+            node,
+            (product, flavor_of(node, flavors)),
+            (
+                1.0,
+                figures.gpus_total,
+                figures.gpus_allocated,
+                figures.gpus_free,
+                figures.gpus_unhealthy,
+                figures.gpus_total if figures.draining else 0,
+                fragmented_gpus(node, config),
+            ),
+            tuple(
+                (level.name, node.labels[level.node_label])
+                for level in config.levels
+                if level.name != "hostname" and level.node_label in node.labels
+            ),
+            figures.gang_pods,
+        )
+
+    def _apply(self, row: _NodeKept, sign: int) -> None:
+        sums = self._groups.setdefault(row.group, [0.0] * len(row.sums))
+        for i, amount in enumerate(row.sums):
+            sums[i] += sign * amount
+        if sums[0] <= 0:
+            del self._groups[row.group]
+        product = row.group[0]
+        if row.gang_pods:
+            for level, value in row.domains:
+                key = (product, level, value)
+                total = self._domains.get(key, 0) + sign * row.gang_pods
+                if total:
+                    self._domains[key] = total
+                else:
+                    self._domains.pop(key, None)
+        counts = self._per_node.setdefault(product, Tally())
+        counts[row.gang_pods] += sign
+        if counts[row.gang_pods] <= 0:
+            del counts[row.gang_pods]
+            if not counts:
+                del self._per_node[product]
+
+    def _refresh(self) -> ExtenderConfig:
         config, flavors = self._config(), self._flavors()
+        if self._basis is None or self._basis[0] is not config or self._basis[1] is not flavors:
+            self._basis = (config, flavors)
+            self._kept, self._groups, self._domains, self._per_node = {}, {}, {}, {}
         kept, fresh = self._kept, {}
-        rows = []
-        for node in nodes:
+        for node in self._snapshot().nodes.values():
             if not node.gpus:
                 continue
-            row = kept.get(node.name)
-            if (
-                row is None
-                or row.node is not node
-                or row.config is not config
-                or row.flavors is not flavors
-            ):
-                figures = node_figures(node, islands_required=config.islands_required)
-                row = _NodeKept(
-                    node,
-                    config,
-                    flavors,
-                    figures,
-                    fragmented_gpus(node, config),
-                    flavor_of(node, flavors),
-                )
+            row = kept.pop(node.name, None)
+            if row is None or row.node is not node:
+                if row is not None:
+                    self._apply(row, -1)
+                row = self._row(node, config, flavors)
+                self._apply(row, 1)
             fresh[node.name] = row
-            rows.append(row)
+        for gone in kept.values():
+            self._apply(gone, -1)
         self._kept = fresh
-        return rows
+        return config
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        config = self._config()
-        rows = self._figures(self._snapshot().nodes.values())
-        groups: dict[tuple[str, str], GroupFigures] = {}
-        for row in rows:
-            key = (row.node.product or "unknown", row.flavor)
-            groups[key] = groups.get(key, GroupFigures()).plus(row.figures, row.fragmented)
+        config = self._refresh()
         gpus = GaugeMetricFamily(
             "tessera_extender_capacity_gpus",
             "Whole GPUs per product, Kueue ResourceFlavor (by its nodeLabels; empty: none) "
@@ -217,12 +254,12 @@ class _CapacityCollector(Collector):
             "expected fragmentation, summed over the nodes).",
             labels=("product", "flavor"),
         )
-        for (product, flavor), g in sorted(groups.items()):
-            values = (g.gpus_total, g.gpus_allocated, g.gpus_free, g.gpus_unhealthy)
-            for state, value in zip(_CAPACITY_STATES, (*values, g.gpus_draining), strict=True):
-                gpus.add_metric((product, flavor, state), value)
-            nodes.add_metric((product, flavor), g.nodes)
-            fragmented.add_metric((product, flavor), g.fragmented)
+        for (product, flavor), sums in sorted(self._groups.items()):
+            for state, value in zip(_CAPACITY_STATES, sums[1:6], strict=True):
+                gpus.add_metric((product, flavor, state), round(value))
+            nodes.add_metric((product, flavor), round(sums[0]))
+            # a sum corrected many times drifts in its last bits
+            fragmented.add_metric((product, flavor), round(max(0.0, sums[6]), 6))
         yield gpus
         yield nodes
         yield fragmented
@@ -234,24 +271,27 @@ class _CapacityCollector(Collector):
             "draining nodes count for none.",
             labels=("product", "level"),
         )
-        levels = [(level.name, level.node_label) for level in config.levels]
-        found = largest_gangs(
-            ((r.node.product or "unknown", r.node.labels, r.figures.gang_pods) for r in rows),
-            levels,
-        )
-        for (product, level), pods in sorted(found.items()):
-            gangs.add_metric((product, level), pods)
+        best: dict[tuple[str, str], int] = {}
+        for (product, level, _), pods in self._domains.items():
+            best[(product, level)] = max(best.get((product, level), 0), pods)
+        levels = [level.name for level in config.levels if level.name != "hostname"]
+        for product, counts in sorted(self._per_node.items()):
+            for level in levels:
+                gangs.add_metric((product, level), best.get((product, level), 0))
+            gangs.add_metric((product, "hostname"), max(counts))
+            gangs.add_metric((product, "cluster"), sum(k * n for k, n in counts.items()))
         yield gangs
 
 
 @dataclass(frozen=True, slots=True)
 class _NodeKept:
+    """One node's part of the sums, as it was added in."""
+
     node: NodeState
-    config: ExtenderConfig
-    flavors: Mapping[str, Mapping[str, str]]
-    figures: NodeFigures
-    fragmented: float
-    flavor: str
+    group: tuple[str, str]
+    sums: tuple[float, ...]
+    domains: tuple[tuple[str, str], ...]
+    gang_pods: int
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:

@@ -13,13 +13,13 @@ from cluster.cache import ClusterCache
 from cluster.clock import ManualClock
 from cluster.convert import node_from_json, pod_from_json
 from cluster.model import Allocation, NodeName
-from extender.capacity import largest_gangs
 from extender.config import HOSTNAME_LEVEL, ExtenderConfig, TopologyLevel
 from extender.metrics import ExtenderMetrics
 from tests.builders import BLOCK_LABEL, RACK_LABEL, node_json, pod_json
 
 NOW = datetime(2026, 11, 29, 18, 28, tzinfo=UTC)
 A100 = "NVIDIA-A100-SXM4-80GB"
+H100 = "NVIDIA-H100-80GB-HBM3"
 SPOT = {"example.com/pool": "spot"}
 CONFIG = ExtenderConfig(
     levels=(
@@ -134,21 +134,36 @@ def test_fragmentation_counts_free_gpus_the_pod_mix_cannot_use() -> None:
     assert 0 < fragmented < 26
 
 
-def test_largest_gangs_table() -> None:
-    levels = [("block", "b"), ("rack", "r"), ("hostname", "h")]
-    nodes = [
-        ("H", {"b": "1", "r": "1", "h": "x"}, 2),
-        ("H", {"b": "1", "r": "2", "h": "y"}, 1),
-        ("H", {"b": "2", "r": "3", "h": "z"}, 2),
-        ("A", {"b": "2", "r": "3"}, 0),
-    ]
-    assert largest_gangs(nodes, levels) == {
-        ("H", "block"): 3,
-        ("H", "rack"): 2,
-        ("H", "hostname"): 2,
-        ("H", "cluster"): 5,
-        ("A", "block"): 0,
-        ("A", "rack"): 0,
-        ("A", "hostname"): 0,
-        ("A", "cluster"): 0,
+def test_sums_corrected_node_by_node_equal_a_count_from_scratch() -> None:
+    """Scrape after scrape the sums are corrected for the nodes that changed, came or
+    went; they must equal what a new collector counts from the same snapshot."""
+    cache = cluster()
+    kept = ExtenderMetrics(cache.counters)
+    kept.watch_capacity(cache.snapshot, lambda: CONFIG, lambda: FLAVORS)
+    scrape(kept)
+    cache.assume(
+        pod_from_json(pod_json("late", gpus=8)), Allocation(NodeName("s-1"), tuple(range(8)), 1000)
+    )
+    cache.delete_node(NodeName("a-1"))
+    cache.upsert_node(node_from_json(node_json("h-5", block="b2", rack="r5"), CONFIG.level_labels))
+    cache.upsert_node(node_from_json(node_json("h-2", block="b1", rack="r1"), CONFIG.level_labels))
+    corrected = scrape(kept)
+    fresh = ExtenderMetrics(cache.counters)
+    fresh.watch_capacity(cache.snapshot, lambda: CONFIG, lambda: FLAVORS)
+    counted = scrape(fresh)
+    ours = (
+        "tessera_extender_capacity",
+        "tessera_extender_gpu_fragmented",
+        "tessera_extender_largest",
+    )
+    assert {k: v for k, v in corrected.items() if k[0].startswith(ours)} == {
+        k: v for k, v in counted.items() if k[0].startswith(ours)
     }
+    assert not any(
+        k[1] == (("flavor", ""), ("product", A100), ("state", "total")) for k in corrected
+    )
+    # s-1 is full now; h-5 came empty, h-2 came back with all eight GPUs healthy
+    cluster_gang = value(
+        corrected, "tessera_extender_largest_gang_pods", product=H100, level="cluster"
+    )
+    assert cluster_gang == 2
