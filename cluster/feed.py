@@ -110,8 +110,11 @@ class CacheFeed:
         self.replace_pods(pods)
         return len(nodes), len(pods)
 
-    def load_file(self, path: Path) -> tuple[int, int]:
-        """``load`` from a file, one object at a time.
+    def load_file(
+        self, path: Path, *, others: Callable[[Mapping[str, Any]], None] | None = None
+    ) -> tuple[int, int]:
+        """``load`` from a file, one object at a time; each object of another kind goes
+        to ``others`` (the extender's ResourceFlavors), when given.
 
         The file is parsed whole (as ``load_objects`` must, for YAML and Lists), then each
         object is set aside as compact JSON and the parsed tree dropped before anything
@@ -128,6 +131,8 @@ class CacheFeed:
             kind = obj.get("kind")
             if kind in ("Node", "Pod"):
                 (nodes if kind == "Node" else pods).append(jsonio.dumps(obj))
+            elif others is not None:
+                others(obj)
         del objects
         nodes.reverse()
         pods.reverse()

@@ -24,6 +24,7 @@ from cluster.files import ObjectFileError
 from cluster.kube import KubeClient, KubeConfig, KubeError
 from console import annotate, commands
 from console.commands import ConsoleError, Output
+from console.reasons import DEFAULT_EXTENDER
 from console.source import ApiSource, FileSource, ReadOnlyError, Source
 from server.cli import env_bool, env_value
 
@@ -35,6 +36,8 @@ examples:
   tessera nodes --by-node --cluster-file cluster.yaml
   tessera nodes --node gpu-a-0 -o json
   tessera queues
+  tessera why job/pretrain -n team-nlp             # webhook, Kueue and extender, stage by stage
+  tessera why pretrain-0-x7k2p -n team-nlp --extender http://127.0.0.1:8889
   tessera drain gpu-a-0 --at 2026-12-01T02:00:00Z --reason "driver 570"
   tessera undrain gpu-a-0
   tessera gpu-health gpu-a-0 --unhealthy 3,5 --reason "XID 79"
@@ -97,6 +100,24 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     commands_.add_parser(
         "queues", parents=[common], help="workloads, GPUs, quota and waits per queue, like squeue"
+    )
+
+    why = commands_.add_parser(
+        "why",
+        parents=[common],
+        help="why a job, jobset or pod is not running: webhook, Kueue, extender, events",
+    )
+    why.add_argument(
+        "target", metavar="[KIND/]NAME", help="job/NAME, jobset/NAME, pod/NAME or NAME"
+    )
+    flag(why, "namespace", "-n", default="default", help="its namespace (default: default)")
+    flag(
+        why,
+        "extender",
+        default=DEFAULT_EXTENDER,
+        help="where the extender's /debug/reasons is: pods:NAMESPACE/SELECTOR, asked through "
+        f"kube-apiserver's pod proxy (default {DEFAULT_EXTENDER}), URL[,URL…] "
+        "(e.g. a kubectl port-forward to port 8889), or none",
     )
 
     def writer(name: str, help: str) -> argparse.ArgumentParser:
@@ -177,6 +198,15 @@ def _command(args: argparse.Namespace, source: Source | None, clock: Clock) -> A
         )
     if args.command == "queues":
         return commands.queues(source, clock, output=output)
+    if args.command == "why":
+        return commands.why(
+            source,
+            clock,
+            args.target,
+            namespace=args.namespace,
+            extender=args.extender,
+            output=output,
+        )
     decide: Callable[..., annotate.NodeWrite]
     if args.command == "drain":
         try:

@@ -4,8 +4,9 @@ extender counts them.
 Layer: PURE. From a ``Snapshot`` (the extender's own cache, fed the same nodes and pods),
 the Kueue ResourceFlavors and the topology levels, to frozen records: no I/O, no clock
 (``now`` is a value), no settings. Must not count GPUs any other way than the cache and
-``extender.gpus`` do: a GPU is *free* when it is healthy and no pod holds any of it
-(``GpuDevice.whole_free``), *allocated* when some pod holds some of it, *unhealthy* when
+``extender.capacity`` do (the extender's capacity metrics count with it too): a GPU is
+*free* when it is healthy and no pod holds any of it (``GpuDevice.whole_free``),
+*allocated* when some pod holds some of it, *unhealthy* when
 ``tessera.dev/unhealthy-gpus`` names it. An unhealthy GPU a pod still holds is both
 allocated and unhealthy, so the three may add up to more than the total.
 
@@ -25,9 +26,9 @@ from datetime import datetime
 
 from cluster.convert.grammar import format_rfc3339
 from cluster.labels import HOSTNAME
-from cluster.model import MILLI_PER_GPU, NodeName, NodeState, PodDemand, level_short_name
+from cluster.model import MILLI_PER_GPU, NodeName, NodeState, level_short_name
 from cluster.snapshot import Snapshot
-from extender.gpus import pod_fits
+from extender.capacity import node_figures
 from webhook.queues import Flavor, Policy
 
 Level = tuple[str, str]
@@ -190,23 +191,20 @@ def node_row(
     gang_gpus: int,
     islands_required: bool,
 ) -> NodeRow:
-    held = sum(1 for g in node.gpus if g.free_milli < MILLI_PER_GPU)
-    islands = node.islands()
-    blocked = node.unschedulable or node.drain_after is not None
-    gang = 0 if blocked else pod_fits(node, PodDemand(gpus=gang_gpus), islands_required)
+    figures = node_figures(node, gang_gpus=gang_gpus, islands_required=islands_required)
     return NodeRow(
         name=node.name,
         product=node.product,
         flavors=flavors_of(node, flavors),
         domains=tuple((name, node.labels[label]) for name, label in levels if label in node.labels),
-        gpus_total=node.gpu_count,
-        gpus_allocated=held,
-        gpus_free=node.whole_free,
-        gpus_unhealthy=sum(1 for g in node.gpus if not g.healthy),
-        milli_used=sum(MILLI_PER_GPU - g.free_milli for g in node.gpus),
-        islands_total=len(islands),
-        islands_free=sum(1 for gpus in islands.values() if all(g.whole_free for g in gpus)),
-        gang_pods=gang,
+        gpus_total=figures.gpus_total,
+        gpus_allocated=figures.gpus_allocated,
+        gpus_free=figures.gpus_free,
+        gpus_unhealthy=figures.gpus_unhealthy,
+        milli_used=figures.milli_used,
+        islands_total=figures.islands_total,
+        islands_free=figures.islands_free,
+        gang_pods=figures.gang_pods,
         drain_after=node.drain_after,
         cordoned=node.unschedulable,
     )

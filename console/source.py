@@ -8,7 +8,7 @@ objects: the PURE modules of the console do.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -29,6 +29,9 @@ COLLECTIONS: Final = {
     "LocalQueue": (KUEUE_API, "localqueues"),
     "WorkloadPriorityClass": (KUEUE_API, "workloadpriorityclasses"),
     "Workload": (KUEUE_API, "workloads"),
+    "Job": ("/apis/batch/v1", "jobs"),
+    "JobSet": ("/apis/jobset.x-k8s.io/v1alpha2", "jobsets"),
+    "Event": ("/api/v1", "events"),
 }
 """Each kind the console reads, by API group version and resource."""
 KUEUE_KINDS: Final = ("ResourceFlavor", "Topology", "ClusterQueue", "LocalQueue")
@@ -47,6 +50,16 @@ class Source(Protocol):
     async def objects(self, kinds: Collection[str]) -> list[JsonObject]: ...
 
     async def node(self, name: str) -> JsonObject | None: ...
+
+    async def get(self, kind: str, namespace: str, name: str) -> JsonObject | None:
+        """One namespaced object of ``kind`` (``COLLECTIONS``); None: there is none."""
+        ...
+
+    async def namespaced(
+        self, kind: str, namespace: str, labels: Mapping[str, str] | None = None
+    ) -> list[JsonObject]:
+        """The objects of ``kind`` in ``namespace`` that carry every one of ``labels``."""
+        ...
 
     async def patch_node(self, name: str, patch: JsonObject) -> JsonObject: ...
 
@@ -77,6 +90,25 @@ class FileSource:
             if obj.get("metadata", {}).get("name") == name:
                 return obj
         return None
+
+    async def get(self, kind: str, namespace: str, name: str) -> JsonObject | None:
+        for obj in await self.namespaced(kind, namespace):
+            if obj.get("metadata", {}).get("name") == name:
+                return obj
+        return None
+
+    async def namespaced(
+        self, kind: str, namespace: str, labels: Mapping[str, str] | None = None
+    ) -> list[JsonObject]:
+        found = []
+        for obj in await self.objects((kind,)):
+            meta = obj.get("metadata") or {}
+            carried = meta.get("labels") or {}
+            if (meta.get("namespace") or "default") == namespace and all(
+                carried.get(k) == v for k, v in (labels or {}).items()
+            ):
+                found.append(obj)
+        return found
 
     async def patch_node(self, name: str, patch: JsonObject) -> JsonObject:
         raise ReadOnlyError(f"{self._path} is a file: nothing is written to it")
@@ -123,6 +155,43 @@ class ApiSource:
             if exc.status == 404:
                 return None
             raise
+
+    async def get(self, kind: str, namespace: str, name: str) -> JsonObject | None:
+        group_version, resource = COLLECTIONS[kind]
+        try:
+            obj = await self._client.get_json(
+                f"{group_version}/namespaces/{namespace}/{resource}/{name}"
+            )
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        obj.setdefault("kind", kind)
+        return obj
+
+    async def namespaced(
+        self, kind: str, namespace: str, labels: Mapping[str, str] | None = None
+    ) -> list[JsonObject]:
+        group_version, resource = COLLECTIONS[kind]
+        params = {}
+        if labels:
+            params["labelSelector"] = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        try:
+            items, _ = await self._client.list(
+                f"{group_version}/namespaces/{namespace}/{resource}", params
+            )
+        except ApiError as exc:
+            # a kind whose API is not served (Kueue or JobSet not installed) has none
+            if exc.status == 404 and kind not in ("Pod", "Event", "Job"):
+                return []
+            raise
+        for item in items:
+            item.setdefault("kind", kind)
+        return items
+
+    async def proxy_get(self, path: str, params: Mapping[str, str]) -> JsonObject:
+        """GET through kube-apiserver (a pod's ``…/proxy/…`` path)."""
+        return await self._client.get_json(path, params)
 
     async def patch_node(self, name: str, patch: JsonObject) -> JsonObject:
         return await self._client.patch_json(f"/api/v1/nodes/{name}", patch, "merge")

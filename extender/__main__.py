@@ -109,6 +109,12 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
         help="seconds since kube-apiserver was last heard on the node or pod watch before "
         "the cache is stale: not ready, and no filter or bind from it (default 30; 0: never)",
     )
+    flag(
+        "reasons-kept",
+        type=int,
+        help="pods whose last /filter reasons GET /debug/reasons (on the metrics listener) "
+        "can show, for `tessera why` (default 2048; 0: none)",
+    )
     flag("log-level", help="DEBUG, INFO, WARNING (default INFO)")
     switch("log-json", "log one JSON object per line")
     args = parser.parse_args(argv)

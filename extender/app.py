@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -46,9 +47,10 @@ from typing import Protocol
 
 from aiohttp import web
 
-from cluster import logs
+from cluster import jsonio, logs
 from cluster.cache import ClusterCache
 from cluster.clock import Clock, SystemClock
+from cluster.echo import echo
 from cluster.feed import CacheFeed, run_all
 from cluster.informer import Informer
 from cluster.kube import KubeClient, KubeConfig
@@ -57,9 +59,12 @@ from extender import verbs, wire
 from extender.binder import ApiBinder, Binder, MemoryBinder
 from extender.binding import Binds
 from extender.config import ExtenderConfig
+from extender.explain import Tallies
+from extender.flavors import Flavors
 from extender.learning import LiveConfig, prepare_gang_shapes, relearn_pod_mix
 from extender.memo import DecisionCache
 from extender.metrics import ExtenderMetrics
+from extender.reasons import PODS_PER_QUERY, ReasonStore
 from extender.settings import ExtenderSettings
 from server import serving
 from server.direct import Call, Reply, Route
@@ -118,6 +123,8 @@ CLOCK = web.AppKey("clock", Clock)
 METRICS = web.AppKey("metrics", ExtenderMetrics)
 SOURCE = web.AppKey("source", Source)
 BINDS = web.AppKey("binds", Binds)
+REASONS = web.AppKey("reasons", ReasonStore)
+FLAVORS = web.AppKey("flavors", Flavors)
 ENVIRON = web.AppKey("environ", Mapping[str, str])
 
 
@@ -149,6 +156,7 @@ class Verbs:
     binds: Binds
     source: Source
     guard: ConnectionGuard
+    reasons: ReasonStore
 
     def refused(self, verb: str) -> Callable[[str], Reply]:
         """The 400 for a body that cannot be read."""
@@ -191,8 +199,12 @@ class Verbs:
                 call.body, snapshot, memo.config, clock.now(), recent=self.binds.recent, memo=memo
             )
             metrics.decided(verb, clock.monotonic() - began)
-            if reply.outcome is not None:
-                metrics.filtered(reply.outcome)
+            outcome = reply.outcome
+            if outcome is not None:
+                tallies = Tallies.of(outcome.failed, outcome.unresolvable)
+                metrics.filtered(outcome, tallies)
+                if reply.pod is not None:
+                    self.reasons.record_filter(reply.pod, outcome, tallies)
             if reply.status == verbs.BAD_REQUEST:
                 result = "bad_request"
                 log.info("bad request", extra=logs.fields(verb=verb, reason=reply.note))
@@ -222,9 +234,12 @@ class Verbs:
             result = "bad_request" if step.status == verbs.BAD_REQUEST else "refused"
             if step.note:
                 log.info("bind refused", extra=logs.fields(result=result, reason=step.note))
+            if step.target is not None:
+                self.reasons.record_bind(*step.target, step.note)
             metrics.answered("bind", result, clock.monotonic() - start)
             return Reply(step.status, step.body)
         error = await binds.bind(step, lambda: metrics.decided("bind", clock.monotonic() - began))
+        self.reasons.record_bind(step.args.key, step.args.node, error)
         metrics.answered("bind", "error" if error else "ok", clock.monotonic() - start)
         return Reply(verbs.OK, verbs.bind_reply(error).body)
 
@@ -237,6 +252,47 @@ class Verbs:
             ("/bind", "bind", self.bind),
         ):
             serving.add_route(app, "POST", path, route, refused=self.refused(verb))
+
+
+# ---------------------------------------------------------------- /debug/reasons
+
+
+def _respond(status: int, body: bytes) -> web.Response:
+    return web.Response(status=status, body=body, content_type="application/json")
+
+
+# namespace/name as Kubernetes allows them (DNS labels and subdomains)
+_POD_KEY = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def reasons_page(store: ReasonStore) -> serving.Handler:
+    """``GET /debug/reasons?pod=NS/NAME[,NS/NAME…]``, for the metrics listener: what
+    the last ``/filter`` (and ``/bind``) of each named pod said, grouped
+    (``explain.PodReasons``). Read-only, named pods only (there is no listing of every
+    pod), at most ``reasons.PODS_PER_QUERY`` of them, each record bounded."""
+
+    async def page(request: web.Request) -> web.Response:
+        if not store.enabled:
+            reason = "reasons are not kept (--reasons-kept 0)"
+            return _respond(404, wire.encode_bad_request(reason))
+        asked = [k for v in request.query.getall("pod", []) for k in v.split(",") if k]
+        if not asked:
+            reason = "name the pods: ?pod=NAMESPACE/NAME"
+            return _respond(verbs.BAD_REQUEST, wire.encode_bad_request(reason))
+        if len(asked) > PODS_PER_QUERY:
+            reason = f"{len(asked)} pods asked for, at most {PODS_PER_QUERY} per request"
+            return _respond(verbs.BAD_REQUEST, wire.encode_bad_request(reason))
+        bad = next((k for k in asked if _POD_KEY.fullmatch(k) is None), None)
+        if bad is not None:
+            reason = f"{echo(bad[:300])} is not a pod's namespace/name"
+            return _respond(verbs.BAD_REQUEST, wire.encode_bad_request(reason))
+        pods: list[object] = []
+        for key in dict.fromkeys(asked):
+            record = store.get(key)
+            pods.append({"pod": key, "found": False} if record is None else record.to_json())
+        return _respond(verbs.OK, jsonio.dumps({"pods": pods, "kept": len(store)}))
+
+    return page
 
 
 # ---------------------------------------------------------------- background work
@@ -310,9 +366,13 @@ async def _watch_cluster(app: web.Application) -> AsyncIterator[None]:
             client, watch_timeout_s=settings.watch_timeout_s, clock=app[CLOCK]
         )
         app[SOURCE].informers = informers
+        flavors = app[FLAVORS].informer(
+            client, watch_timeout_s=settings.watch_timeout_s, clock=app[CLOCK]
+        )
         async with (
             serving.background(run_all(informers), "watch nodes and pods"),
             serving.background(_keep_listed(app[SOURCE]), "keep the listed cluster"),
+            serving.background(flavors.run(), "watch resource flavors"),
         ):
             yield
 
@@ -367,6 +427,11 @@ def create_app(
     app[SOURCE] = source
     app[METRICS] = ExtenderMetrics(cache.counters, source.ages)
     app[METRICS].pod_mix(len(config.pod_mix), 0, changed=False)
+    app[FLAVORS] = flavors = Flavors()
+    live = app[CONFIG]
+    app[METRICS].watch_capacity(cache.snapshot, lambda: live.current, flavors.table)
+    app[REASONS] = ReasonStore(clock, max_pods=settings.reasons_kept)
+    app[serving.DEBUG_ROUTES] = {"/debug/reasons": reasons_page(app[REASONS])}
     app[serving.GC_PAUSES] = app[METRICS].gc_pauses
     timeout = settings.request_timeout_s
     guard = serving.guard_app(
@@ -378,7 +443,11 @@ def create_app(
         prefix="tessera_extender",
     )
     if settings.cluster_file is not None:
-        CacheFeed(cache, levels=config.level_labels).load_file(settings.cluster_file)
+        others: list[Mapping[str, object]] = []
+        CacheFeed(cache, levels=config.level_labels).load_file(
+            settings.cluster_file, others=others.append
+        )
+        flavors.replace(o for o in others if o.get("kind") == "ResourceFlavor")
         source.loaded = True
         binder = binder or MemoryBinder(cache)
     else:
@@ -395,7 +464,9 @@ def create_app(
         app.cleanup_ctx.append(_learn_pod_mix)
     else:
         app.cleanup_ctx.append(_prepare_gang_shapes)
-    Verbs(clock, app[METRICS], app[CONFIG], cache, app[BINDS], source, guard).add_to(app)
+    Verbs(clock, app[METRICS], app[CONFIG], cache, app[BINDS], source, guard, app[REASONS]).add_to(
+        app
+    )
     serving.add_probes(
         app,
         ready=lambda: source.synced and not source.stale(),

@@ -1,17 +1,19 @@
 """The extender's Prometheus metrics, one registry per app (no process-global state).
 
 Layer: I/O (exposition). Counts what the handlers report and reads the cache's counters
-at scrape time; must not decide anything or change the cache.
+and a snapshot at scrape time; must not decide anything or change the cache.
 
-Label sets are bounded: verbs and results are fixed words, and a filter reason (free
-text written for people, one per node) is counted under the filter it comes from
-(``reason_category``), never as itself.
+Label sets are bounded: verbs and results are fixed words, a filter reason (free text
+written for people, one per node) is counted under the filter it comes from
+(``explain.reason_category``), never as itself, and the capacity figures are labelled by
+GPU product, ResourceFlavor and topology level, which the cluster's admins name.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -19,8 +21,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from cluster.cache import CacheCounters
-from cluster.model import MILLI_PER_GPU, NodeName
+from cluster.model import MILLI_PER_GPU, NodeName, NodeState
+from cluster.snapshot import Snapshot
+from extender.capacity import GANG_GPUS, flavor_of, fragmented_gpus, node_figures
+from extender.config import ExtenderConfig
 from extender.decide import FilterOutcome
+from extender.explain import Tallies, reason_category
 from server.serving import GcPauses, MetricChildren
 
 # kube-scheduler waits on /filter and /prioritize inside its scheduling loop: resolve the
@@ -41,40 +47,8 @@ LATENCY_BUCKETS: Final = (
     5.0,
 )
 
-# Ordered: the first fragment found in a reason names its category. They follow the
-# wording of extender.filters and extender.decide; an unknown wording counts as "other".
-_REASON_FRAGMENTS: Final = (
-    ("request is unusable: ", "unusable_request"),
-    ("not in the extender's cache", "not_cached"),
-    ("not a usable Node", "bad_node"),
-    ("cordoned", "cordoned"),
-    ("pod accepts", "product"),
-    ("drains for maintenance", "maintenance"),
-    ("requires topology level", "gang_level"),
-    ("has room for", "gang_room"),
-    ("; gang ", "gang_domain"),
-    ("; the node is in another ", "gang_domain"),
-    ("node has no GPUs", "no_gpus"),
-    ("are unhealthy", "too_few_gpus"),
-    ("node has ", "too_few_gpus"),
-    ("free in island", "island"),
-    ("are in use", "gpus_in_use"),
-    ("milli-GPU free", "gpus_in_use"),
-    (" free, pod needs", "gpus_in_use"),
-)
-REASON_CATEGORIES: Final = frozenset(c for _, c in _REASON_FRAGMENTS) | {"other"}
-
-
 _CATEGORIES_KEPT: Final = 4096
 """Reason texts whose category is remembered (most repeat; a few name a node)."""
-
-
-def reason_category(reason: str) -> str:
-    """The bounded label a filter reason is counted under."""
-    for fragment, category in _REASON_FRAGMENTS:
-        if fragment in reason:
-            return category
-    return "other"
 
 
 class _CacheCollector(Collector):
@@ -158,6 +132,168 @@ class _CacheCollector(Collector):
         yield fragmentation
 
 
+_CAPACITY_STATES: Final = ("total", "allocated", "free", "unhealthy", "draining")
+
+
+class _CapacityCollector(Collector):
+    """GPUs per product and flavor, FGD fragmentation and the largest gang per level,
+    counted from one snapshot when scraped (``extender.capacity``), never on a request.
+
+    The sums are kept from one scrape to the next and corrected node by node: a node
+    whose ``NodeState`` is the same object as at the last scrape (a node that changed is
+    a new object) costs an identity check, one that changed is taken out of the sums
+    and put back in. A new config or new flavors start the sums afresh. At 5,000 nodes a
+    scrape is a pass of identity checks plus the nodes that changed.
+    """
+
+    def __init__(
+        self,
+        snapshot: Callable[[], Snapshot],
+        config: Callable[[], ExtenderConfig],
+        flavors: Callable[[], Mapping[str, Mapping[str, str]]],
+    ) -> None:
+        self._snapshot = snapshot
+        self._config = config
+        self._flavors = flavors
+        self._basis: tuple[ExtenderConfig, Mapping[str, Mapping[str, str]]] | None = None
+        self._kept: dict[NodeName, _NodeKept] = {}
+        self._groups: dict[tuple[str, str], list[float]] = {}
+        """(product, flavor) → nodes, GPUs total, allocated, free, unhealthy, draining,
+        fragmented."""
+        self._domains: dict[tuple[str, str, str], int] = {}
+        """(product, level, domain) → gang pods its nodes could start."""
+        self._per_node: dict[str, Tally[int]] = {}
+        """product → nodes by the gang pods each could start (for the best node)."""
+
+    def _row(
+        self, node: NodeState, config: ExtenderConfig, flavors: Mapping[str, Mapping[str, str]]
+    ) -> _NodeKept:
+        figures = node_figures(node, islands_required=config.islands_required)
+        product = node.product or "unknown"
+        return _NodeKept(
+            node,
+            (product, flavor_of(node, flavors)),
+            (
+                1.0,
+                figures.gpus_total,
+                figures.gpus_allocated,
+                figures.gpus_free,
+                figures.gpus_unhealthy,
+                figures.gpus_total if figures.draining else 0,
+                fragmented_gpus(node, config),
+            ),
+            tuple(
+                (level.name, node.labels[level.node_label])
+                for level in config.levels
+                if level.name != "hostname" and level.node_label in node.labels
+            ),
+            figures.gang_pods,
+        )
+
+    def _apply(self, row: _NodeKept, sign: int) -> None:
+        sums = self._groups.setdefault(row.group, [0.0] * len(row.sums))
+        for i, amount in enumerate(row.sums):
+            sums[i] += sign * amount
+        if sums[0] <= 0:
+            del self._groups[row.group]
+        product = row.group[0]
+        if row.gang_pods:
+            for level, value in row.domains:
+                key = (product, level, value)
+                total = self._domains.get(key, 0) + sign * row.gang_pods
+                if total:
+                    self._domains[key] = total
+                else:
+                    self._domains.pop(key, None)
+        counts = self._per_node.setdefault(product, Tally())
+        counts[row.gang_pods] += sign
+        if counts[row.gang_pods] <= 0:
+            del counts[row.gang_pods]
+            if not counts:
+                del self._per_node[product]
+
+    def _refresh(self) -> ExtenderConfig:
+        config, flavors = self._config(), self._flavors()
+        if self._basis is None or self._basis[0] is not config or self._basis[1] is not flavors:
+            self._basis = (config, flavors)
+            self._kept, self._groups, self._domains, self._per_node = {}, {}, {}, {}
+        kept, fresh = self._kept, {}
+        for node in self._snapshot().nodes.values():
+            if not node.gpus:
+                continue
+            row = kept.pop(node.name, None)
+            if row is None or row.node is not node:
+                if row is not None:
+                    self._apply(row, -1)
+                row = self._row(node, config, flavors)
+                self._apply(row, 1)
+            fresh[node.name] = row
+        for gone in kept.values():
+            self._apply(gone, -1)
+        self._kept = fresh
+        return config
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        config = self._refresh()
+        gpus = GaugeMetricFamily(
+            "tessera_extender_capacity_gpus",
+            "Whole GPUs per product, Kueue ResourceFlavor (by its nodeLabels; empty: none) "
+            "and state: total; allocated (some pod holds some of it); free (healthy, no "
+            "pod holds any of it); unhealthy (tessera.dev/unhealthy-gpus); draining (on "
+            "nodes with a tessera.dev/drain-after time).",
+            labels=("product", "flavor", "state"),
+        )
+        nodes = GaugeMetricFamily(
+            "tessera_extender_capacity_nodes",
+            "GPU nodes per product and flavor.",
+            labels=("product", "flavor"),
+        )
+        fragmented = GaugeMetricFamily(
+            "tessera_extender_gpu_fragmented_gpus",
+            "Free GPU capacity, in GPUs, that the pod mix in use could not use (FGD's "
+            "expected fragmentation, summed over the nodes).",
+            labels=("product", "flavor"),
+        )
+        for (product, flavor), sums in sorted(self._groups.items()):
+            for state, value in zip(_CAPACITY_STATES, sums[1:6], strict=True):
+                gpus.add_metric((product, flavor, state), round(value))
+            nodes.add_metric((product, flavor), round(sums[0]))
+            # a sum corrected many times drifts in its last bits
+            fragmented.add_metric((product, flavor), round(max(0.0, sums[6]), 6))
+        yield gpus
+        yield nodes
+        yield fragmented
+        gangs = GaugeMetricFamily(
+            "tessera_extender_largest_gang_pods",
+            f"Pods of {GANG_GPUS} whole GPUs (in one NVLink island where the filter requires "
+            "it) that one domain of the topology level could start now, per product: the "
+            "best domain; hostname is the best node, cluster all nodes. Cordoned and "
+            "draining nodes count for none.",
+            labels=("product", "level"),
+        )
+        best: dict[tuple[str, str], int] = {}
+        for (product, level, _), pods in self._domains.items():
+            best[(product, level)] = max(best.get((product, level), 0), pods)
+        levels = [level.name for level in config.levels if level.name != "hostname"]
+        for product, counts in sorted(self._per_node.items()):
+            for level in levels:
+                gangs.add_metric((product, level), best.get((product, level), 0))
+            gangs.add_metric((product, "hostname"), max(counts))
+            gangs.add_metric((product, "cluster"), sum(k * n for k, n in counts.items()))
+        yield gangs
+
+
+@dataclass(frozen=True, slots=True)
+class _NodeKept:
+    """One node's part of the sums, as it was added in."""
+
+    node: NodeState
+    group: tuple[str, str]
+    sums: tuple[float, ...]
+    domains: tuple[tuple[str, str], ...]
+    gang_pods: int
+
+
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
 
@@ -237,6 +373,16 @@ class ExtenderMetrics:
         self._filter_reasons = MetricChildren(self.filter_reasons)
         self._categories: dict[str, str] = {}
 
+    def watch_capacity(
+        self,
+        snapshot: Callable[[], Snapshot],
+        config: Callable[[], ExtenderConfig],
+        flavors: Callable[[], Mapping[str, Mapping[str, str]]] = dict,
+    ) -> None:
+        """Count GPUs per product and flavor, fragmentation and the largest gangs from
+        ``snapshot()`` at each scrape (``_CapacityCollector``)."""
+        self.registry.register(_CapacityCollector(snapshot, config, flavors))
+
     def pod_mix(self, sizes: int, pods: int, *, changed: bool = True) -> None:
         """The mix in use: ``sizes`` pod sizes learned from ``pods`` GPU pods."""
         self.mix_sizes.set(sizes)
@@ -251,23 +397,18 @@ class ExtenderMetrics:
     def decided(self, verb: str, seconds: float) -> None:
         self._decision(verb).observe(seconds)
 
-    def filtered(self, outcome: FilterOutcome) -> None:
+    def filtered(self, outcome: FilterOutcome, tallies: Tallies) -> None:
+        """One ``/filter`` answer; ``tallies`` are its nodes per reason text
+        (``Tallies.of(outcome.failed, outcome.unresolvable)``)."""
         if outcome.fits:
             self._filter_nodes("fit").inc(len(outcome.fits))
         if outcome.failed:
             self._filter_nodes("failed").inc(len(outcome.failed))
         if outcome.unresolvable:
             self._filter_nodes("unresolvable").inc(len(outcome.unresolvable))
-        self._reasons(outcome.failed, outcome.unresolvable)
-
-    def _reasons(self, *maps: Mapping[NodeName, str]) -> None:
-        # 5,000 failed nodes carry a few distinct reasons: count them at C speed first
-        tally: Tally[str] = Tally()
-        for reasons in maps:
-            tally.update(reasons.values())
         per_category: Tally[str] = Tally()
         categories = self._categories
-        for reason, count in tally.items():
+        for reason, count in tallies.by_reason():
             category = categories.get(reason)
             if category is None:
                 if len(categories) >= _CATEGORIES_KEPT:

@@ -99,6 +99,9 @@ class ExtenderSettings(ServingSettings):
     max_cache_age_s: float = Field(30.0, ge=0)
     """Seconds since kube-apiserver was last heard on a watch before the cache is stale:
     /readyz says 503 and /filter, /prioritize, /bind and /preempt refuse. 0: never."""
+    reasons_kept: int = Field(2048, ge=0)
+    """Pods whose last /filter reasons are kept for ``GET /debug/reasons`` on the metrics
+    listener (``extender.reasons``); 0: none, and the page answers 404."""
     recent_pods: int = Field(10_000, ge=0)
     """Pods kept from the last requests (``wire.RecentPods``): /prioritize reads the pod
     /filter decoded, and a /bind that comes before the watch shows its pod finds it."""

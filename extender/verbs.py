@@ -52,6 +52,10 @@ class Reply:
     body: bytes
     outcome: decide.FilterOutcome | None = None
     note: str = ""
+    pod: PodInfo | None = None
+    """The pod ``/filter`` judged (with ``outcome``), for the reasons the shell keeps."""
+    target: tuple[PodKey, str] | None = None
+    """The pod and node of a ``/bind`` refused before anything was assumed."""
 
 
 def _bad(reason: str) -> Reply:
@@ -130,7 +134,7 @@ def handle_filter(
     except jsonio.JsonEncodeError:
         # the answer repeats the fitting Nodes as received: one can be read, not written
         return _bad(_TOO_DEEP)
-    return Reply(OK, answer, outcome=outcome)
+    return Reply(OK, answer, outcome=outcome, pod=args.pod)
 
 
 def handle_prioritize(
@@ -201,7 +205,12 @@ def plan_bind(
             pod = recent
     plan = decide.plan_bind(snapshot, pod, args.node, config, now, uid=args.pod_uid, memo=memo)
     if isinstance(plan, decide.BindRefusal):
-        return Reply(OK, wire.encode_binding_result(plan.reason), note=plan.reason)
+        return Reply(
+            OK,
+            wire.encode_binding_result(plan.reason),
+            note=plan.reason,
+            target=(args.key, args.node),
+        )
     return BindStep(args, plan)
 
 

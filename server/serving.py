@@ -13,7 +13,8 @@ serving port is open to whoever reaches the Service (the webhook's) or the pod. 
 served in plain HTTP on ``metrics_host:metrics_port`` (0: not at all), as kube-proxy
 does and kubebuilder's managers do: loopback by default, the pod's address when the
 manifests open it to a scrape. The probes stay on the serving port, where the kubelet
-looks.
+looks. An app may add read-only ``GET`` pages for the same readers there
+(``DEBUG_ROUTES``: the extender's ``/debug/reasons``), never anything that writes.
 
 Serving goes through ``running``: aiohttp's runner, with the listening socket made here
 so that each connection goes through the app's ``server.guard.ConnectionGuard``. On
@@ -31,7 +32,7 @@ import signal
 import ssl
 import sys
 from bisect import bisect_left
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, Mapping
 from itertools import accumulate
 from typing import Any
 
@@ -145,6 +146,11 @@ GUARD = web.AppKey("guard", ConnectionGuard)
 """The app's connection guard (``guard_app``); ``running`` wraps its connections."""
 EXPOSITION: web.AppKey[Callable[[], bytes]] = web.AppKey("exposition")
 """The app's Prometheus text, for the metrics listener."""
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+DEBUG_ROUTES: web.AppKey[Mapping[str, Handler]] = web.AppKey("debug_routes")
+"""Read-only ``GET`` pages the app adds to its metrics listener, by path (the
+extender's ``/debug/reasons``): for the same operators as ``/metrics``, never on the
+serving port."""
 
 
 def guard_app(
@@ -261,14 +267,19 @@ def add_route(
     app.router.add_route(method, path, through_aiohttp)
 
 
-def metrics_app(exposition: Callable[[], bytes], clock: Clock) -> web.Application:
-    """``GET /metrics`` alone (Prometheus text from ``exposition()``), guarded too."""
+def metrics_app(
+    exposition: Callable[[], bytes], clock: Clock, debug: Mapping[str, Handler] | None = None
+) -> web.Application:
+    """``GET /metrics`` (Prometheus text from ``exposition()``) and the ``debug`` pages,
+    nothing else, guarded too."""
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    for path, handler in (debug or {}).items():
+        app.router.add_get(path, handler)
     app[GUARD] = ConnectionGuard(Limits(max_in_flight=8), clock, lambda method, path, query: None)
     app.middlewares.append(app[GUARD].middleware)
     return app
@@ -364,7 +375,7 @@ async def serve(
                 exposition = app[EXPOSITION]
                 metrics_port = await stack.enter_async_context(
                     running(
-                        metrics_app(exposition, clock),
+                        metrics_app(exposition, clock, app.get(DEBUG_ROUTES)),
                         settings.metrics_host,
                         settings.metrics_port,
                         shutdown_grace_s=0,

@@ -116,3 +116,152 @@ def write_cluster_file(path: Path) -> Path:
         jsonio.dumps_pretty({"apiVersion": "v1", "kind": "List", "items": example_objects()})
     )
     return path
+
+
+LLM_UID = "6f1b3c1e-0a6c-4d0e-9d57-1a7f0c3e5b21"
+WAIT_UID = "0c2f5d7a-3b8e-4f61-8e0b-5d4c3a2b1f10"
+
+
+def _job(name: str, uid: str, *, gpus: int, pods: int, suspend: bool) -> dict[str, Any]:
+    """A Job as the webhook left it: queue and priority labels, gang keys on the
+    template, the scheduler profile, a time limit."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": "team-nlp",
+            "uid": uid,
+            "labels": {
+                "kueue.x-k8s.io/queue-name": "training",
+                "kueue.x-k8s.io/priority-class": "batch",
+            },
+            "creationTimestamp": "2026-01-01T05:00:00Z",
+        },
+        "spec": {
+            "parallelism": pods,
+            "completions": pods,
+            "completionMode": "Indexed",
+            "suspend": suspend,
+            "activeDeadlineSeconds": 7200,
+            "template": {
+                "metadata": {
+                    "labels": {"tessera.dev/gang": f"team-nlp.{name}"},
+                    "annotations": {
+                        "tessera.dev/gang-size": str(pods),
+                        "tessera.dev/gang-min": str(pods),
+                        "tessera.dev/topology": "required:topology-rack",
+                    },
+                },
+                "spec": {
+                    "schedulerName": "tessera-gpu",
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {
+                            "name": "train",
+                            "image": "img:1",
+                            "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def why_objects() -> list[dict[str, Any]]:
+    """Two Jobs of team-nlp for ``tessera why``: ``llm`` (three 8-GPU pods that must
+    share a rack, which no rack has room for) is admitted and its pods wait for the
+    scheduler; ``wait`` is still suspended, its Workload without quota."""
+    llm = _job("llm", LLM_UID, gpus=8, pods=3, suspend=False)
+    wait = _job("wait", WAIT_UID, gpus=8, pods=4, suspend=True)
+    pods = []
+    for i in range(3):
+        pod = pod_json(
+            f"llm-{i}",
+            gpus=8,
+            gang="team-nlp.llm",
+            gang_size=3,
+            gang_min=3,
+            topology="required:topology-rack",
+            labels={"batch.kubernetes.io/job-name": "llm"},
+        )
+        pod["metadata"]["ownerReferences"] = [
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": "llm",
+                "uid": LLM_UID,
+                "controller": True,
+            }
+        ]
+        pod["status"]["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/7 nodes are available: 3 the node's topology-rack has room for 0 "
+                "members of gang team-nlp.llm now, it needs 3 together.",
+                "lastTransitionTime": "2026-01-01T05:50:00Z",
+            }
+        ]
+        pods.append(pod)
+    admitted = workload_obj(
+        "job-llm-5c2d1",
+        gpus=8,
+        count=3,
+        created="2026-01-01T05:00:00Z",
+        admitted_at="2026-01-01T05:40:00Z",
+        cluster_queue="nlp",
+        flavor="h100-reserved",
+    )
+    pending = workload_obj("job-wait-9a7e3", gpus=8, count=4, created="2026-01-01T04:00:00Z")
+    pending["status"]["conditions"] = [
+        {
+            "type": "QuotaReserved",
+            "status": "False",
+            "reason": "Pending",
+            "message": "couldn't assign flavors to pod set main: insufficient unused quota "
+            "for nvidia.com/gpu in flavor h100-reserved, 16 more needed",
+            "lastTransitionTime": "2026-01-01T04:00:05Z",
+        }
+    ]
+    for workload, name, uid in ((admitted, "llm", LLM_UID), (pending, "wait", WAIT_UID)):
+        workload["metadata"]["ownerReferences"] = [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid, "controller": True}
+        ]
+    events = [
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": "wait.1", "namespace": "team-nlp"},
+            "involvedObject": {
+                "kind": "Job",
+                "name": "wait",
+                "namespace": "team-nlp",
+                "uid": WAIT_UID,
+            },
+            "type": "Normal",
+            "reason": "Suspended",
+            "message": "Job suspended",
+            "count": 1,
+            "lastTimestamp": "2026-01-01T04:00:01Z",
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": "llm-0.1", "namespace": "team-nlp"},
+            "involvedObject": {
+                "kind": "Pod",
+                "name": "llm-0",
+                "namespace": "team-nlp",
+                "uid": pods[0]["metadata"]["uid"],
+            },
+            "type": "Warning",
+            "reason": "FailedScheduling",
+            "message": pods[0]["status"]["conditions"][0]["message"],
+            "count": 4,
+            "lastTimestamp": "2026-01-01T05:58:00Z",
+        },
+    ]
+    return [llm, wait, *pods, admitted, pending, *events]

@@ -181,6 +181,8 @@ SCHEDULER: Final = (
     *(can(verb, kind) for kind in ("nodes", "pods") for verb in ("list", "watch")),
     can("get", "pods", NAMESPACE),
     can("create", "pods/binding", NAMESPACE),
+    # the flavors its capacity metrics are labelled by
+    *(can(verb, f"resourceflavors.{KUEUE}") for verb in ("list", "watch")),
     # kube-scheduler: its informers
     *(can("list", kind) for kind in (
         "namespaces", "services", "replicationcontrollers", "replicasets.apps",

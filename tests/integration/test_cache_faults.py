@@ -101,7 +101,8 @@ async def extender_on(api: FakeApiServer, folder: Path) -> AsyncIterator[Under]:
     )
     clock = ManualClock(NOW)
     async with serving(settings, clock=clock) as ext:
-        yield Under("extender", api, ext.app, ext.session, ext.url, clock, watches=2)
+        # Its watches: nodes and pods (its cache), and ResourceFlavors (metrics' labels only)
+        yield Under("extender", api, ext.app, ext.session, ext.url, clock, watches=3)
 
 
 @contextlib.asynccontextmanager

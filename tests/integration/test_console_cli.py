@@ -4,10 +4,13 @@ kube-apiserver over real sockets, where its writes land as a node annotation and
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
@@ -17,7 +20,11 @@ from cluster.convert.nodes import node_from_json
 from console import annotate
 from console.__main__ import build_parser, main, run
 from console.commands import ConsoleError, Output
-from tests.console_cluster import NOW, example_objects, write_cluster_file
+from extender.app import create_app
+from extender.settings import ExtenderSettings, parse_levels
+from server.serving import DEBUG_ROUTES, EXPOSITION, metrics_app, running
+from tests.builders import BLOCK_LABEL, RACK_LABEL, pod_json
+from tests.console_cluster import NOW, example_objects, why_objects, write_cluster_file
 from tests.fakeapi import FakeApiServer, write_kubeconfig
 
 TOKEN = "console-token"
@@ -30,6 +37,8 @@ PLURAL = {
     "ClusterQueue": f"{KUEUE}/clusterqueues",
     "LocalQueue": f"{KUEUE}/localqueues",
     "Workload": f"{KUEUE}/workloads",
+    "Job": "/apis/batch/v1/jobs",
+    "Event": "/api/v1/events",
 }
 SCRIPT = """#!/bin/bash
 #SBATCH -J pretrain
@@ -296,3 +305,136 @@ async def test_sbatch_creates_the_job_through_the_api(api: FakeApiServer, tmp_pa
     job = api.objects("/apis/batch/v1/jobs")["team-nlp/pretrain"]
     assert job["metadata"]["labels"][labels.QUEUE_NAME] == "training"
     assert (job["spec"]["parallelism"], job["spec"]["activeDeadlineSeconds"]) == (2, 7200)
+
+
+# ---------------------------------------------------------------- tessera why
+
+
+LEVELS = f"topology-block={BLOCK_LABEL},topology-rack={RACK_LABEL},hostname=kubernetes.io/hostname"
+
+
+@pytest.fixture
+async def why_api() -> AsyncIterator[FakeApiServer]:
+    async with FakeApiServer(token=TOKEN) as server:
+        for obj in [*example_objects(), *why_objects()]:
+            stored: dict[str, Any] = dict(obj)
+            stored.pop("kind")
+            stored.pop("apiVersion")
+            server.put(PLURAL[obj["kind"]], stored)
+        yield server
+
+
+@contextlib.asynccontextmanager
+async def extender_of(folder: Path) -> AsyncIterator[tuple[str, str]]:
+    """An extender on the same cluster (a file of it), serving and with its metrics
+    listener: (serving URL, metrics URL)."""
+    path = folder / "extender-cluster.json"
+    items = [*example_objects(), *why_objects()]
+    path.write_bytes(jsonio.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    settings = ExtenderSettings(cluster_file=path, topology_levels=parse_levels(LEVELS))
+    clock = ManualClock(NOW.replace(minute=0, hour=6) - dt.timedelta(seconds=20))
+    app = create_app(settings, clock=clock)
+    async with (
+        running(app, "127.0.0.1", 0) as port,
+        running(
+            metrics_app(app[EXPOSITION], clock, app.get(DEBUG_ROUTES)), "127.0.0.1", 0
+        ) as mport,
+    ):
+        yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}"
+
+
+async def filter_llm(url: str, index: int) -> None:
+    """kube-scheduler's /filter of pod llm-INDEX over every node, as it sends it."""
+    (pod,) = [o for o in why_objects() if o["metadata"]["name"] == f"llm-{index}"]
+    nodes = [o["metadata"]["name"] for o in example_objects() if o["kind"] == "Node"]
+    body = jsonio.dumps({"Pod": pod, "NodeNames": nodes})
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{url}/filter", data=body, headers={"Content-Type": "application/json"}
+        ) as got,
+    ):
+        assert got.status == 200
+        assert jsonio.loads(await got.read())["NodeNames"] == []
+
+
+async def test_why_a_gang_waits_names_the_scheduler_s_reasons_node_by_node(
+    why_api: FakeApiServer, tmp_path: Path
+) -> None:
+    async with extender_of(tmp_path) as (url, metrics):
+        for index in range(3):
+            await filter_llm(url, index)
+        shown = await console(
+            why_api,
+            tmp_path,
+            "why",
+            "job/llm",
+            "-n",
+            "team-nlp",
+            "--extender",
+            metrics,
+            "-o",
+            "json",
+        )
+        text = await console(
+            why_api, tmp_path, "why", "llm", "-n", "team-nlp", "--extender", metrics
+        )
+    answer = jsonio.loads(shown.text)
+    assert answer["verdict"].startswith(
+        "3 pod(s) not scheduled: needs 8 GPUs, as one of gang team-nlp.llm"
+    )
+    assert answer["workload"]["name"] == "job-llm-5c2d1"
+    assert [c["type"] for c in answer["workload"]["conditions"]] == ["QuotaReserved", "Admitted"]
+    assert {m["key"]: m["value"] for m in answer["webhook"]}["tessera.dev/gang"] == "team-nlp.llm"
+    (seen,) = answer["extender"]
+    assert seen["pods"] == ["llm-0", "llm-1", "llm-2"]
+    record = seen["record"]
+    assert (record["candidates"], record["fit"]) == (7, 0)
+    by_category: dict[str, int] = {}
+    for reason in record["reasons"]:
+        by_category[reason["category"]] = by_category.get(reason["category"], 0) + reason["nodes"]
+    assert by_category == {"gang_room": 5, "maintenance": 1, "too_few_gpus": 1}
+    assert answer["events"][0]["reason"] == "FailedScheduling"
+    lines = text.text.splitlines()
+    assert lines[0].startswith("job team-nlp/llm: 3 pod(s) not scheduled: needs 8 GPUs")
+    assert "0 of 7 nodes fit: 5 in a topology-rack without room for the gang" in lines[0]
+    assert any(line.startswith("NODES  PREEMPTION  REASON") for line in lines)
+
+
+async def test_why_a_job_waiting_for_quota_says_so_and_asks_no_extender(
+    why_api: FakeApiServer, tmp_path: Path
+) -> None:
+    shown = await console(why_api, tmp_path, "why", "job/wait", "-n", "team-nlp", "-o", "json")
+    answer = jsonio.loads(shown.text)
+    assert answer["verdict"] == (
+        "waiting for quota in ClusterQueue nlp: couldn't assign flavors to pod set main: "
+        "insufficient unused quota for nvidia.com/gpu in flavor h100-reserved, 16 more needed"
+    )
+    assert answer["workload"]["quota"]["cluster_queue"] == "nlp"
+    assert answer["workload"]["quota"]["gpus_nominal"] == 24
+    assert {m["key"]: m["value"] for m in answer["webhook"]}["spec.suspend"] == "true"
+    assert answer["pods"] == answer["extender"] == []
+    # no pods to ask about: the extender pods are not even listed
+    assert not [r for r in why_api.requests if "proxy" in r.path]
+    with pytest.raises(ConsoleError, match="no job named 'nope'"):
+        await console(why_api, tmp_path, "why", "job/nope", "-n", "team-nlp")
+
+
+async def test_why_asks_every_extender_replica_through_the_api_server(
+    why_api: FakeApiServer, tmp_path: Path
+) -> None:
+    """The default --extender: the scheduler pods in tessera-system, through the pod
+    proxy; an unreachable one is a note, the rest of the answer stands."""
+    replica = pod_json("tessera-scheduler-a", "tessera-system", phase="Running")
+    replica["metadata"]["labels"] = {"app.kubernetes.io/name": "tessera-scheduler"}
+    stored = {k: v for k, v in replica.items() if k not in ("kind", "apiVersion")}
+    why_api.put("/api/v1/pods", stored)
+    shown = await console(why_api, tmp_path, "why", "pod/llm-0", "-n", "team-nlp")
+    (asked,) = [r for r in why_api.requests if "proxy" in r.path]
+    assert asked.path == (
+        "/api/v1/namespaces/tessera-system/pods/tessera-scheduler-a:8889/proxy/debug/reasons"
+    )
+    # a pod of a Job is explained with its Job: every pod of it not placed is asked for
+    assert asked.query["pod"] == "team-nlp/llm-0,team-nlp/llm-1,team-nlp/llm-2"
+    assert any("pod tessera-system/tessera-scheduler-a" in note for note in shown.notes)
+    assert shown.text.startswith("pod team-nlp/llm-0: 3 pod(s) not scheduled: 0/7 nodes")

@@ -32,6 +32,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from cluster import jsonio, logs
 from cluster.cache import ClusterCache
@@ -43,9 +44,10 @@ from cluster.model import Allocation, NodeName, PodKey
 from extender import wire
 from extender.app import CACHE, create_app
 from extender.binder import Binder, MemoryBinder
+from extender.flavors import FLAVORS_PATH
 from extender.settings import ExtenderSettings, parse_levels
 from loadtest.measure.pinned import free_port
-from server.serving import EXPOSITION, GUARD, metrics_app, running
+from server.serving import DEBUG_ROUTES, EXPOSITION, GUARD, metrics_app, running
 from server.tls import CertReloader, client_context
 from tests.binders import FailingBinder, GatedBinder
 from tests.builders import RACK_LABEL, node_json, pod_json
@@ -168,7 +170,7 @@ async def serving(
 ) -> AsyncIterator[Extender]:
     clock = clock or ManualClock(NOW)
     app = create_app(settings, cache=cache, binder=binder, clock=clock)
-    metrics = metrics_app(app[EXPOSITION], clock)
+    metrics = metrics_app(app[EXPOSITION], clock, app.get(DEBUG_ROUTES))
     async with (
         running(app, "127.0.0.1", 0, server_tls, shutdown_grace_s=1.0) as port,
         running(metrics, "127.0.0.1", 0) as metrics_port,
@@ -817,8 +819,9 @@ async def test_the_watches_ask_for_bookmarks_and_end_within_the_cache_age_limit(
 ) -> None:
     api.put(NODES_PATH, node_json("gpu-a"))
     async with api_extender(api, tmp_path, max_cache_age_s=30) as ext:
-        await eventually(lambda: len(api.requests_of("watch")) == 2, "both watches open")
+        await eventually(lambda: len(api.requests_of("watch")) == 3, "the three watches open")
         assert await ext.get("/readyz") == (200, "ok")
+    assert {w.path for w in api.requests_of("watch")} == {NODES_PATH, PODS_PATH, FLAVORS_PATH}
     for watch in api.requests_of("watch"):
         assert watch.query["allowWatchBookmarks"] == "true"
         assert 10 <= int(watch.query["timeoutSeconds"]) < 20
@@ -863,6 +866,76 @@ async def test_metrics_report_verbs_reasons_assumptions_and_gpus(tmp_path: Path)
     assert f'tessera_extender_gpus{{{h100},state="whole_free"}} 7.0' in text
     assert f"tessera_extender_gpu_fragmentation_ratio{{{h100}}} {0.75 / 7.75}" in text
     assert "tessera_extender_bind_api_seconds_count 2.0" in text
+
+
+async def test_a_filtered_pod_s_reasons_read_back_from_the_metrics_listener(
+    tmp_path: Path,
+) -> None:
+    """What ``tessera why`` reads: the last /filter of a pod, grouped, on the metrics
+    listener only; the capacity figures beside it, as Prometheus parses them."""
+    flavor = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ResourceFlavor",
+        "metadata": {"name": "h100"},
+        "spec": {"nodeLabels": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}},
+    }
+    big, busy = pod_json("big-0", gpus=8), pod_json("busy", gpus=4, node="gpu-b")
+    busy["metadata"]["annotations"] = {GPU_INDICES: "0,1,2,3"}
+    objects = [
+        node_json("gpu-a", unhealthy="5"),
+        node_json("gpu-b", rack="r1"),
+        node_json("gpu-c", drain_after="2026-11-29T20:00:00Z"),
+        busy,
+        big,
+        flavor,
+    ]
+    settings, clock, cache = file_extender(tmp_path, objects)
+    async with serving(settings, cache=cache, clock=clock) as ext:
+        status, body = await ext.post("/filter", filter_args(big, ["gpu-a", "gpu-b", "gpu-c"]))
+        assert (status, body["NodeNames"]) == (200, [])
+        clock.advance(5)
+        await ext.post("/filter", filter_args(big, ["gpu-a", "gpu-b", "gpu-c"]))
+        page = ext.metrics_url + "/debug/reasons?pod=team-nlp/big-0,team-nlp/nobody"
+        async with ext.session.get(page) as response:
+            assert response.status == 200
+            shown = jsonio.loads(await response.read())
+        assert (await ext.get("/debug/reasons?pod=team-nlp/big-0"))[0] == 404
+        async with ext.session.get(ext.metrics_url + "/debug/reasons") as response:
+            assert response.status == 400
+        async with ext.session.get(ext.metrics_url + "/debug/reasons?pod=../etc") as response:
+            assert response.status == 400
+        text = await ext.metrics()
+
+    record, missing = shown["pods"]
+    assert missing == {"pod": "team-nlp/nobody", "found": False}
+    assert (record["pod"], record["filters"], record["candidates"], record["fit"]) == (
+        "team-nlp/big-0",
+        2,
+        3,
+        0,
+    )
+    assert (record["first_filtered"], record["last_filtered"]) == (
+        "2026-11-29T18:28:00Z",
+        "2026-11-29T18:28:05Z",
+    )
+    reasons = {
+        r["category"]: (r["nodes"], r["resolvable"], r["examples"]) for r in record["reasons"]
+    }
+    assert reasons == {
+        "too_few_gpus": (1, False, ["gpu-a"]),
+        "island": (1, True, ["gpu-b"]),
+        "maintenance": (1, False, ["gpu-c"]),
+    }
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    h100 = (("flavor", "h100"), ("product", "NVIDIA-H100-80GB-HBM3"))
+    assert samples[("tessera_extender_capacity_gpus", (*h100, ("state", "free")))] == 19
+    assert samples[("tessera_extender_capacity_gpus", (*h100, ("state", "draining")))] == 8
+    cluster_gang = (("level", "cluster"), ("product", "NVIDIA-H100-80GB-HBM3"))
+    assert samples[("tessera_extender_largest_gang_pods", cluster_gang)] == 0
 
 
 # ---------------------------------------------------------------- the learned pod mix

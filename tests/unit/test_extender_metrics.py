@@ -19,7 +19,7 @@ from cluster.convert.pods import pod_from_json
 from cluster.model import NodeName
 from extender import decide
 from extender.config import HOSTNAME_LEVEL, ExtenderConfig, TopologyLevel
-from extender.metrics import REASON_CATEGORIES, reason_category
+from extender.explain import REASON_CATEGORIES, reason_category
 from tests.builders import RACK_LABEL, container, node_json, pod_json
 
 NOW = datetime(2026, 11, 29, 18, 28, tzinfo=UTC)

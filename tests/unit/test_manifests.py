@@ -388,11 +388,13 @@ def test_the_webhook_only_reads_kueue_queue_objects_and_the_owners_of_pods_and_j
 
 def test_the_extender_watches_nodes_and_pods_and_binds_nothing_more() -> None:
     """No ``patch`` or ``update`` on pods: the GPU annotation travels in the Binding.
-    Whoever may patch any pod may change any pod's image."""
+    Whoever may patch any pod may change any pod's image. ResourceFlavors only label its
+    capacity metrics: read, never written."""
     assert rules(one("ClusterRole", "tessera-extender")) == {
         (("",), ("nodes",), ("get", "list", "watch"), ()),
         (("",), ("pods",), ("get", "list", "watch"), ()),
         (("",), ("pods/binding",), ("create",), ()),
+        (("kueue.x-k8s.io",), ("resourceflavors",), ("list", "watch"), ()),
     }
 
 
@@ -400,12 +402,14 @@ def test_the_console_reads_queues_and_pods_and_writes_only_node_annotations_even
     None
 ):
     """What ``tessera`` does with it: ``nodes``/``queues`` list, ``drain``/``undrain``/
-    ``gpu-health`` get and patch a node and create an Event, ``sbatch`` creates a Job.
-    Left unbound: an admin binds it to the platform team."""
+    ``gpu-health`` get and patch a node and create an Event, ``sbatch`` creates a Job,
+    ``why`` gets the object asked about and lists its namespace's events, and reads the
+    extenders' /debug/reasons through the pod proxy in tessera-system only. Left
+    unbound: an admin binds it to the platform team."""
     assert rules(one("ClusterRole", "tessera-console")) == {
         (("",), ("nodes",), ("get", "list", "patch"), ()),
-        (("",), ("pods",), ("list",), ()),
-        (("",), ("events",), ("create",), ()),
+        (("",), ("pods",), ("get", "list"), ()),
+        (("",), ("events",), ("create", "list"), ()),
         (
             ("kueue.x-k8s.io",),
             (
@@ -419,8 +423,12 @@ def test_the_console_reads_queues_and_pods_and_writes_only_node_annotations_even
             ("list",),
             (),
         ),
-        (("batch",), ("jobs",), ("create",), ()),
+        (("batch",), ("jobs",), ("create", "get"), ()),
+        (("jobset.x-k8s.io",), ("jobsets",), ("get",), ()),
     }
+    proxy = one("Role", "tessera-console-extender")
+    assert proxy["metadata"]["namespace"] == NAMESPACE
+    assert rules(proxy) == {(("",), ("pods/proxy",), ("get",), ())}
 
 
 def test_kube_scheduler_may_renew_only_its_own_lease() -> None:
@@ -472,6 +480,7 @@ def test_each_service_account_is_bound_to_exactly_what_it_needs() -> None:
         ("ClusterRole", "tessera-webhook"),
         ("ClusterRole", "tessera-extender"),
         ("ClusterRole", "tessera-console"),
+        ("Role", "tessera-console-extender"),
         ("Role", "tessera-scheduler-leader-election"),
     }
 
@@ -682,10 +691,12 @@ def kustomizations() -> list[Path]:
     return sorted(MANIFESTS.rglob("kustomization.yaml"))
 
 
-def test_the_install_and_the_examples_are_separate_kustomizations() -> None:
+def test_the_install_the_examples_and_monitoring_are_separate_kustomizations() -> None:
+    """Monitoring needs the Prometheus Operator's CRDs, which the install does not."""
     assert kustomizations() == [
         MANIFESTS / "examples" / "kustomization.yaml",
         MANIFESTS / "kustomization.yaml",
+        MANIFESTS / "monitoring" / "kustomization.yaml",
     ]
 
 
