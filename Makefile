@@ -39,11 +39,12 @@ demo: $(STAMP) ## both servers + simulated Kueue and kube-scheduler on a sample 
 loadtest: $(STAMP) ## the load-test tool's modes and examples (see README, "Load testing")
 	$(BIN)/python -m loadtest --help
 
-e2e-assets: ## build or fetch the e2e control plane (Kubernetes v1.36.3, etcd, Kueue and JobSet) into ~/.cache/tessera
+e2e-assets: ## build or fetch the e2e control plane (Kubernetes v1.36.3, etcd, Kueue and JobSet) and promtool into ~/.cache/tessera
 	tests/e2e/build_binaries.sh >/dev/null
 	tests/e2e/build_binaries.sh crds >/dev/null
 	tests/e2e/build_binaries.sh kueue >/dev/null
 	tests/e2e/build_binaries.sh jobset >/dev/null
+	tests/e2e/build_binaries.sh promtool >/dev/null
 
 e2e: $(STAMP) e2e-assets ## the end-to-end suite against a real control plane
 	$(BIN)/python -m pytest tests/e2e -m e2e

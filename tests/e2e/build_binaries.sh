@@ -8,6 +8,8 @@
 #   KUEUE=$(tests/e2e/build_binaries.sh kueue)  # Kueue's manager (bin/kueue) and its
 #                                               # webhook and manager configuration YAMLs
 #   JOBSET=$(tests/e2e/build_binaries.sh jobset) # JobSet's manager (bin/jobset), likewise
+#   PROMTOOL=$(tests/e2e/build_binaries.sh promtool) # bin/promtool, to check the rules in
+#                                               # manifests/monitoring
 #
 # Binaries come from $KUBEBUILDER_ASSETS when it holds all five (the envtest convention),
 # else from the cache ${TESSERA_CACHE:-$HOME/.cache/tessera}/k8s-<version>/bin, else they are
@@ -60,13 +62,14 @@ trap 'exit 143' TERM
 
 usage() {
 	cat <<EOF
-usage: $0 [bin|crds|kueue|jobset]
+usage: $0 [bin|crds|kueue|jobset|promtool]
   bin   (default) print the folder holding ${BINARIES[*]} (Kubernetes ${K8S_VERSION})
   crds  print the folder holding the CRD YAMLs of Kueue ${KUEUE_VERSION} and JobSet ${JOBSET_VERSION}
   kueue print the folder holding Kueue ${KUEUE_VERSION}'s manager (bin/kueue) and its webhook
         and manager configuration YAMLs (config/)
   jobset print the folder holding JobSet ${JOBSET_VERSION}'s manager (bin/jobset) and its
         webhook, manager configuration and ClusterRole YAMLs (config/)
+  promtool print the folder holding promtool (bin/promtool), from Debian's prometheus package
 env: KUBEBUILDER_ASSETS (use these binaries), TESSERA_CACHE (default ~/.cache/tessera)
 EOF
 }
@@ -446,6 +449,29 @@ ensure_jobset() {
 		sigs.k8s.io/jobset/pkg/version 3 rbac/role.yaml rbac/auth_proxy_role.yaml
 }
 
+# promtool checks and unit-tests manifests/monitoring's rules. Building it from its Go module
+# takes about half an hour on 2 cores; Debian's prometheus package ships the same tool (2.42,
+# whose rule language the rules keep to): its promtool alone is taken from the .deb, so that no
+# Prometheus server is installed or started.
+readonly PROMTOOL_PACKAGE=prometheus
+ensure_promtool() {
+	local final="${CACHE}/promtool-debian"
+	if [[ ! -x "${final}/bin/promtool" ]]; then
+		command -v apt-get >/dev/null || die "promtool: no apt-get to fetch Debian's ${PROMTOOL_PACKAGE}" 3
+		WORK=$(mktemp -d)
+		WORKDIRS+=("${WORK}")
+		log "fetching Debian's ${PROMTOOL_PACKAGE} package for its promtool"
+		(cd "${WORK}" && apt-get download "${PROMTOOL_PACKAGE}" >&2) ||
+			{ apt-get update >&2 && (cd "${WORK}" && apt-get download "${PROMTOOL_PACKAGE}" >&2); } ||
+			die "apt-get download ${PROMTOOL_PACKAGE} failed" 3
+		dpkg-deb -x "${WORK}"/"${PROMTOOL_PACKAGE}"_*.deb "${WORK}/root"
+		mkdir -p "${final}/bin"
+		install -m 0755 "${WORK}/root/usr/bin/promtool" "${final}/bin/promtool"
+	fi
+	"${final}/bin/promtool" --version >&2
+	printf '%s\n' "${final}"
+}
+
 main() {
 	MODE=${1:-bin}
 	case "${MODE}" in
@@ -453,6 +479,7 @@ main() {
 	crds) ensure_crds ;;
 	kueue) ensure_kueue ;;
 	jobset) ensure_jobset ;;
+	promtool) ensure_promtool ;;
 	-h | --help) usage ;;
 	*)
 		usage >&2

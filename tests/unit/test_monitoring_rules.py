@@ -7,6 +7,7 @@ way Prometheus would scrape them), a rule recorded in the same file, one of DCGM
 exporter's (``DCGM_FI_*``) or one of the few Kueue metrics named below.
 
 ``promtool`` is looked for on ``PATH`` and in ``~/.cache/tessera/promtool-*/bin`` (where
+``tests/e2e/build_binaries.sh promtool`` puts Debian's, or
 ``go install github.com/prometheus/prometheus/cmd/promtool@v0.316.0`` with
 ``GOBIN=~/.cache/tessera/promtool-v0.316.0/bin`` puts it); without it those two tests
 are skipped, saying so.
