@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -27,7 +27,8 @@ from extender.capacity import GANG_GPUS, flavor_of, fragmented_gpus, node_figure
 from extender.config import ExtenderConfig
 from extender.decide import FilterOutcome
 from extender.explain import Tallies, reason_category
-from server.serving import GcPauses, MetricChildren
+from server.serving import GcPauses
+from server.tally import Counts, Timings
 
 # kube-scheduler waits on /filter and /prioritize inside its scheduling loop: resolve the
 # sub-millisecond range; /bind adds an API round trip, hence the long tail.
@@ -307,46 +308,46 @@ class ExtenderMetrics:
         """``counters``: the cache's figures; ``ages``: seconds since each watch last
         heard from kube-apiserver, by resource (none for a cluster file)."""
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
+        self.requests = Counts(
+            self.registry,
             "tessera_extender_decisions",
             "Requests answered, by verb and result (ok, error: HTTP 200 with Error, "
             "refused: bind said no before any API call, bad_request, not_ready, "
             "stale: the cache is older than --max-cache-age, shed: too late for "
             "kube-scheduler's httpTimeout, answered 504 undecided).",
             ("verb", "result"),
-            registry=self.registry,
         )
-        self.latency = Histogram(
+        self.latency = Timings(
+            self.registry,
             "tessera_extender_request_seconds",
             "Time from request to answer, per verb; /bind includes its API calls.",
+            LATENCY_BUCKETS,
             ("verb",),
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
         )
-        self.decision = Histogram(
+        self.decision = Timings(
+            self.registry,
             "tessera_extender_decision_seconds",
             "Decode, decide and encode (and for /bind: assume), without any await.",
+            LATENCY_BUCKETS,
             ("verb",),
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
         )
-        self.bind_api = Histogram(
+        self.bind_api = Timings(
+            self.registry,
             "tessera_extender_bind_api_seconds",
             "The binder's part of a /bind: post the Binding (which records the GPUs).",
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
+            LATENCY_BUCKETS,
         )
-        self.filter_nodes = Counter(
+        self.filter_nodes = Counts(
+            self.registry,
             "tessera_extender_filter_nodes",
             "Candidate nodes judged by /filter: fit, failed (preemption may help), unresolvable.",
             ("result",),
-            registry=self.registry,
         )
-        self.filter_reasons = Counter(
+        self.filter_reasons = Counts(
+            self.registry,
             "tessera_extender_filter_reasons",
             "Nodes filtered out, by the kind of reason (see reason_category).",
             ("reason",),
-            registry=self.registry,
         )
         self.mix_sizes = Gauge(
             "tessera_extender_pod_mix_sizes",
@@ -366,11 +367,6 @@ class ExtenderMetrics:
         )
         self.registry.register(_CacheCollector(counters, ages))
         self.gc_pauses = GcPauses(self.registry, "tessera_extender")
-        self._requests = MetricChildren(self.requests)
-        self._latency = MetricChildren(self.latency)
-        self._decision = MetricChildren(self.decision)
-        self._filter_nodes = MetricChildren(self.filter_nodes)
-        self._filter_reasons = MetricChildren(self.filter_reasons)
         self._categories: dict[str, str] = {}
 
     def watch_capacity(
@@ -391,21 +387,21 @@ class ExtenderMetrics:
             self.mix_changes.inc()
 
     def answered(self, verb: str, result: str, seconds: float) -> None:
-        self._requests(verb, result).inc()
-        self._latency(verb).observe(seconds)
+        self.requests.inc(verb, result)
+        self.latency.observe(seconds, verb)
 
     def decided(self, verb: str, seconds: float) -> None:
-        self._decision(verb).observe(seconds)
+        self.decision.observe(seconds, verb)
 
     def filtered(self, outcome: FilterOutcome, tallies: Tallies) -> None:
         """One ``/filter`` answer; ``tallies`` are its nodes per reason text
         (``Tallies.of(outcome.failed, outcome.unresolvable)``)."""
         if outcome.fits:
-            self._filter_nodes("fit").inc(len(outcome.fits))
+            self.filter_nodes.add(len(outcome.fits), "fit")
         if outcome.failed:
-            self._filter_nodes("failed").inc(len(outcome.failed))
+            self.filter_nodes.add(len(outcome.failed), "failed")
         if outcome.unresolvable:
-            self._filter_nodes("unresolvable").inc(len(outcome.unresolvable))
+            self.filter_nodes.add(len(outcome.unresolvable), "unresolvable")
         per_category: Tally[str] = Tally()
         categories = self._categories
         for reason, count in tallies.by_reason():
@@ -416,7 +412,7 @@ class ExtenderMetrics:
                 category = categories[reason] = reason_category(reason)
             per_category[category] += count
         for category, count in per_category.items():
-            self._filter_reasons(category).inc(count)
+            self.filter_reasons.add(count, category)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

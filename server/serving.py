@@ -40,7 +40,6 @@ import uvloop
 from aiohttp import hdrs, web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 from prometheus_client.core import HistogramMetricFamily
-from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from cluster import logs
@@ -122,24 +121,6 @@ class GcPauses(Collector):
 
 GC_PAUSES = web.AppKey("gc_pauses", GcPauses)
 """Where ``serve`` reports the collector's pauses, when the app has it."""
-
-
-class MetricChildren:
-    """A labelled metric's children by label values, each made once. ``labels()`` costs
-    more than the update it leads to (a lock, a look-up by values), and the servers
-    update their metrics on every request."""
-
-    __slots__ = ("_made", "_metric")
-
-    def __init__(self, metric: MetricWrapperBase) -> None:
-        self._metric = metric
-        self._made: dict[tuple[str, ...], Any] = {}
-
-    def __call__(self, *values: str) -> Any:
-        child = self._made.get(values)
-        if child is None:
-            child = self._made[values] = self._metric.labels(*values)
-        return child
 
 
 GUARD = web.AppKey("guard", ConnectionGuard)

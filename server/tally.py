@@ -35,6 +35,10 @@ class Counts(Collector):
         counts = self.counts
         counts[values] = counts.get(values, 0) + 1
 
+    def add(self, amount: int, *values: str) -> None:
+        counts = self.counts
+        counts[values] = counts.get(values, 0) + amount
+
     def collect(self) -> Iterator[CounterMetricFamily]:
         family = CounterMetricFamily(self.name, self.documentation, labels=self.labels)
         for values, count in sorted(self.counts.items()):
@@ -43,27 +47,37 @@ class Counts(Collector):
 
 
 class Timings(Collector):
-    """A histogram of seconds without labels (``<name>_bucket``, ``_sum``, ``_count``)."""
+    """A histogram of seconds, by label values when ``labels`` are given
+    (``<name>_bucket``, ``_sum``, ``_count``)."""
 
     def __init__(
-        self, registry: CollectorRegistry, name: str, documentation: str, buckets: Sequence[float]
+        self,
+        registry: CollectorRegistry,
+        name: str,
+        documentation: str,
+        buckets: Sequence[float],
+        labels: Sequence[str] = (),
     ) -> None:
-        self.name, self.documentation = name, documentation
+        self.name, self.documentation, self.labels = name, documentation, tuple(labels)
         self.bounds = tuple(sorted(buckets))
-        # one count per bucket, not cumulative, +Inf last
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.total = 0.0
+        # per label values: one count per bucket, not cumulative, +Inf last; then the sum
+        self.series: dict[tuple[str, ...], tuple[list[int], list[float]]] = {}
         registry.register(self)
 
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect_left(self.bounds, seconds)] += 1
-        self.total += seconds
+    def observe(self, seconds: float, *values: str) -> None:
+        series = self.series.get(values)
+        if series is None:
+            series = self.series[values] = ([0] * (len(self.bounds) + 1), [0.0])
+        counts, total = series
+        counts[bisect_left(self.bounds, seconds)] += 1
+        total[0] += seconds
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         bounds = [*map(str, self.bounds), "+Inf"]
-        yield HistogramMetricFamily(
-            self.name,
-            self.documentation,
-            buckets=list(zip(bounds, accumulate(self.counts), strict=True)),
-            sum_value=self.total,
-        )
+        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labels)
+        for values, (counts, total) in sorted(self.series.items()):
+            buckets = list(zip(bounds, accumulate(counts), strict=True))
+            family.add_metric(list(values), buckets, total[0])
+        if not self.labels and not self.series:
+            family.add_metric([], [(bound, 0) for bound in bounds], 0.0)
+        yield family
