@@ -37,6 +37,7 @@ from console.sbatch import SbatchError, job_from_script, parse_queue_map, summar
 from console.source import KUEUE_KINDS, Source, build_snapshot
 from console.why import (
     Quota,
+    ReasonsSeen,
     WhyReport,
     WorkloadState,
     controller_of,
@@ -537,96 +538,121 @@ def _times(count: int) -> str:
     return "once" if count == 1 else f"{count} times"
 
 
-def _why_text(found: WhyReport, now: datetime) -> str:  # noqa: C901 - split next
-    def ago(when: datetime | None) -> str:
-        return render.NONE if when is None else render.duration((now - when).total_seconds())
+def _ago(when: datetime | None, now: datetime) -> str:
+    return render.NONE if when is None else render.duration((now - when).total_seconds())
 
-    parts = [f"{found.target}: {found.verdict}\n"]
-    top = found.target
-    if found.marks:
-        parts.append(f"\nWEBHOOK (what it wrote on {top})\n")
-        parts.append(
-            render.table(
-                ("KEY", "VALUE", "MEANING"), [(m.key, m.value, m.meaning) for m in found.marks]
-            )
-        )
-    else:
-        parts.append("\nWEBHOOK: no mark of Tessera's webhook on it (not mutated)\n")
-    w = found.workload
-    if w is None:
-        parts.append("\nKUEUE: no Workload owned by it\n")
-    else:
-        parts.append(
-            f"\nKUEUE workload {w.name} (LocalQueue {w.queue or render.NONE} → ClusterQueue "
-            f"{w.cluster_queue or render.NONE}), asks {w.gpus} GPUs\n"
-        )
-        parts.append(
-            render.table(
-                ("CONDITION", "STATUS", "REASON", "FOR", "MESSAGE"),
-                [
-                    (c.type, c.status, c.reason or render.NONE, ago(c.since), c.message)
-                    for c in w.conditions
-                ],
-            )
-            if w.conditions
-            else "no conditions yet\n"
-        )
-        if w.checks:
-            parts.append(render.table(("ADMISSION-CHECK", "STATE", "MESSAGE"), w.checks))
-        q = w.quota
-        if q is not None:
-            cohort = f" (cohort {q.cohort})" if q.cohort else ""
-            parts.append(
-                f"ClusterQueue {q.cluster_queue}{cohort}: nominal {q.nominal} GPUs, {q.used} in "
-                f"use ({q.borrowed} borrowed), {q.lent} lent; {q.pending} workloads pending\n"
-            )
-    if found.pods:
-        # pods alike (a gang's members) on one row
-        alike: dict[tuple[str, str, str, str, str], list[str]] = {}
-        for p in found.pods:
-            key = (p.phase, p.node or render.NONE, p.scheduled, p.reason, p.message)
-            alike.setdefault(key, []).append(p.name)
-        parts.append("\nPODS\n")
-        parts.append(
-            render.table(
-                ("POD", "PHASE", "NODE", "SCHEDULED", "REASON", "MESSAGE"),
-                [
-                    (", ".join(names), *key[:3], key[3] or render.NONE, key[4] or render.NONE)
-                    for key, names in alike.items()
-                ],
-            )
-        )
-    for seen in found.reasons:
-        r = seen.record
-        pods = ", ".join(seen.pods[:3]) + (
-            f" and {len(seen.pods) - 3} more" if len(seen.pods) > 3 else ""
-        )
-        parts.append(
-            f"\nEXTENDER {seen.source}: last /filter of {pods} {ago(r.at)} ago "
-            f"(filtered {_times(r.filters)} since {format_rfc3339(r.first_at)})\n{headline(r)}\n"
-        )
-        rows = [
-            (
-                g.nodes,
-                "may help" if g.resolvable else "no",
-                g.reason,
-                ", ".join(g.examples) or render.NONE,
-            )
-            for g in r.groups
+
+def _why_text(found: WhyReport, now: datetime) -> str:
+    """The report as an operator reads it: the verdict, then one block per stage."""
+    return "".join(
+        [
+            f"{found.target}: {found.verdict}\n",
+            *_webhook_text(found),
+            *_kueue_text(found.workload, now),
+            *_pods_text(found),
+            *(_reasons_text(seen, now) for seen in found.reasons),
+            *_events_text(found, now),
         ]
-        if r.other_nodes:
-            rows.append((r.other_nodes, "-", f"{r.other_reasons} other reasons", render.NONE))
-        if rows:
-            parts.append(render.table(("NODES", "PREEMPTION", "REASON", "FOR-EXAMPLE"), rows))
-        if r.bind is not None:
-            outcome = f"refused: {r.bind.error}" if r.bind.error else "bound"
-            parts.append(f"last /bind to {r.bind.node} {ago(r.bind.at)} ago: {outcome}\n")
-    if found.events:
-        parts.append("\nEVENTS (newest first)\n")
-        parts.append(
-            render.table(
-                ("AGO", "TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE"),
-                [(ago(e.at), e.type, e.reason, e.about, e.count, e.message) for e in found.events],
-            )
+    )
+
+
+def _webhook_text(found: WhyReport) -> list[str]:
+    if not found.marks:
+        return ["\nWEBHOOK: no mark of Tessera's webhook on it (not mutated)\n"]
+    return [
+        f"\nWEBHOOK (what it wrote on {found.target})\n",
+        render.table(
+            ("KEY", "VALUE", "MEANING"), [(m.key, m.value, m.meaning) for m in found.marks]
+        ),
+    ]
+
+
+def _kueue_text(w: WorkloadState | None, now: datetime) -> list[str]:
+    if w is None:
+        return ["\nKUEUE: no Workload owned by it\n"]
+    parts = [
+        f"\nKUEUE workload {w.name} (LocalQueue {w.queue or render.NONE} → ClusterQueue "
+        f"{w.cluster_queue or render.NONE}), asks {w.gpus} GPUs\n",
+        render.table(
+            ("CONDITION", "STATUS", "REASON", "FOR", "MESSAGE"),
+            [
+                (c.type, c.status, c.reason or render.NONE, _ago(c.since, now), c.message)
+                for c in w.conditions
+            ],
         )
+        if w.conditions
+        else "no conditions yet\n",
+    ]
+    if w.checks:
+        parts.append(render.table(("ADMISSION-CHECK", "STATE", "MESSAGE"), w.checks))
+    q = w.quota
+    if q is not None:
+        cohort = f" (cohort {q.cohort})" if q.cohort else ""
+        parts.append(
+            f"ClusterQueue {q.cluster_queue}{cohort}: nominal {q.nominal} GPUs, {q.used} in "
+            f"use ({q.borrowed} borrowed), {q.lent} lent; {q.pending} workloads pending\n"
+        )
+    return parts
+
+
+def _pods_text(found: WhyReport) -> list[str]:
+    if not found.pods:
+        return []
+    # pods alike (a gang's members) on one row
+    alike: dict[tuple[str, str, str, str, str], list[str]] = {}
+    for p in found.pods:
+        key = (p.phase, p.node or render.NONE, p.scheduled, p.reason, p.message)
+        alike.setdefault(key, []).append(p.name)
+    return [
+        "\nPODS\n",
+        render.table(
+            ("POD", "PHASE", "NODE", "SCHEDULED", "REASON", "MESSAGE"),
+            [
+                (", ".join(names), *key[:3], key[3] or render.NONE, key[4] or render.NONE)
+                for key, names in alike.items()
+            ],
+        ),
+    ]
+
+
+def _reasons_text(seen: ReasonsSeen, now: datetime) -> str:
+    r = seen.record
+    pods = ", ".join(seen.pods[:3]) + (
+        f" and {len(seen.pods) - 3} more" if len(seen.pods) > 3 else ""
+    )
+    parts = [
+        f"\nEXTENDER {seen.source}: last /filter of {pods} {_ago(r.at, now)} ago "
+        f"(filtered {_times(r.filters)} since {format_rfc3339(r.first_at)})\n{headline(r)}\n"
+    ]
+    rows = [
+        (
+            g.nodes,
+            "may help" if g.resolvable else "no",
+            g.reason,
+            ", ".join(g.examples) or render.NONE,
+        )
+        for g in r.groups
+    ]
+    if r.other_nodes:
+        rows.append((r.other_nodes, "-", f"{r.other_reasons} other reasons", render.NONE))
+    if rows:
+        parts.append(render.table(("NODES", "PREEMPTION", "REASON", "FOR-EXAMPLE"), rows))
+    if r.bind is not None:
+        outcome = f"refused: {r.bind.error}" if r.bind.error else "bound"
+        parts.append(f"last /bind to {r.bind.node} {_ago(r.bind.at, now)} ago: {outcome}\n")
     return "".join(parts)
+
+
+def _events_text(found: WhyReport, now: datetime) -> list[str]:
+    if not found.events:
+        return []
+    return [
+        "\nEVENTS (newest first)\n",
+        render.table(
+            ("AGO", "TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE"),
+            [
+                (_ago(e.at, now), e.type, e.reason, e.about, e.count, e.message)
+                for e in found.events
+            ],
+        ),
+    ]
