@@ -487,8 +487,8 @@ def _notes(picked: Sequence[UpgradeNode], waves: Sequence[Wave]) -> tuple[str, .
                 f"last, and wave {wave_of[node.name].number} can start only once they have ended"
             )
     for node in picked:
-        if node.drain_after is not None:
-            wave = wave_of[node.name]
+        wave = wave_of[node.name]
+        if node.drain_after is not None and node.drain_after != wave.start:
             notes.append(
                 f"{node.name} drains after {format_rfc3339(node.drain_after)} already; "
                 f"wave {wave.number} drains it after {format_rfc3339(wave.start)}"

@@ -304,7 +304,16 @@ def test_the_example_cluster_in_four_waves() -> None:
     assert plan.done is None
     assert not plan.waves[-1].start_known
     assert any("team-cv/notebook-0 has no time limit" in n for n in plan.notes)
-    assert any(n.startswith("gpu-r2-1 drains after 2026-01-01T08:00:00Z") for n in plan.notes)
+    # gpu-r2-1's own window (08:00) is its wave's start: nothing to say of it
+    assert not any(n.startswith("gpu-r2-1") for n in plan.notes)
+
+
+def test_a_window_the_plan_moves_is_said() -> None:
+    drained = UpgradeNode("a", (RESERVED,), 8, 8, NOW, drain_after=NOW + 5 * H)
+    plan = plan_upgrade([drained, node("b")], {"a"}, now=NOW, window=2 * H, keep=Fraction(1, 2))
+    assert plan.notes == (
+        "a drains after 2026-01-01T11:00:00Z already; wave 1 drains it after 2026-01-01T06:00:00Z",
+    )
 
 
 def test_a_node_that_alone_breaks_the_share_is_refused_with_the_numbers() -> None:
