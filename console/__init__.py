@@ -1,8 +1,9 @@
 """``tessera``: the platform team's console over a Tessera cluster (``sinfo``, ``squeue``,
-drains and GPU health, ``sbatch`` for Slurm users).
+``why``, drains and GPU health, upgrade plans, ``sbatch`` for Slurm users).
 
-Layers, as in the servers: ``nodes``, ``queues``, ``sbatch``, ``annotate`` and ``render``
-are PURE (data in, data out); ``source`` is the I/O edge (a cluster file or the API);
+Layers, as in the servers: ``nodes``, ``queues``, ``why``, ``upgrade``, ``sbatch``,
+``annotate`` and ``render`` are PURE (data in, data out); ``source`` and ``reasons`` are
+the I/O edge (a cluster file or the API; the extender's reasons);
 ``commands`` ties them per subcommand; ``__main__`` is the ROOT that reads flags and the
 environment. The console imports ``cluster`` and the PURE modules of the servers, never
 the load test.

@@ -41,6 +41,8 @@ examples:
   tessera drain gpu-a-0 --at 2026-12-01T02:00:00Z --reason "driver 570"
   tessera undrain gpu-a-0
   tessera gpu-health gpu-a-0 --unhealthy 3,5 --reason "XID 79"
+  tessera upgrade-plan --selector example.com/capacity=reserved --window 2h --keep 80%
+  tessera upgrade-plan -l nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3 --apply --reason "driver 570"
   tessera sbatch train.sbatch --queue-map gpu=training --image registry/train:1 --dry-run
 """
 
@@ -135,6 +137,35 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--unhealthy", required=True, help="GPU indices (3,5 or 0-3); '' marks all healthy"
     )
 
+    upgrade = commands_.add_parser(
+        "upgrade-plan",
+        parents=[common],
+        help="waves of nodes for a driver upgrade, in the order their jobs end; --apply "
+        "sets their drain-after windows",
+    )
+    flag(
+        upgrade,
+        "selector",
+        "-l",
+        required=env_value(environ, ENV_PREFIX, "selector") is None,
+        help="the nodes to upgrade, as kubectl -l takes them: key=value,key!=value,key,!key",
+    )
+    flag(upgrade, "window", default="2h", help="how long one wave is out (default 2h)")
+    flag(
+        upgrade,
+        "keep",
+        default="80%",
+        help="share of each flavor's (or GPU product's) GPUs every wave keeps schedulable "
+        "(default 80%%)",
+    )
+    flag(upgrade, "not-before", help="no wave starts before this (RFC 3339, now, +2h)")
+    flag(upgrade, "reason", default="", help="why, for the Events on the nodes")
+    upgrade.add_argument(
+        "--apply",
+        action="store_true",
+        help="set each node's tessera.dev/drain-after to its wave's start (with an Event)",
+    )
+
     sbatch = commands_.add_parser(
         "sbatch", parents=[common], help="a Slurm batch script as an Indexed Job"
     )
@@ -205,6 +236,18 @@ def _command(args: argparse.Namespace, source: Source | None, clock: Clock) -> A
             args.target,
             namespace=args.namespace,
             extender=args.extender,
+            output=output,
+        )
+    if args.command == "upgrade-plan":
+        return commands.upgrade_plan(
+            source,
+            clock,
+            selector=args.selector,
+            window=args.window,
+            keep=args.keep,
+            not_before=args.not_before,
+            reason=args.reason,
+            apply=args.apply,
             output=output,
         )
     decide: Callable[..., annotate.NodeWrite]

@@ -11,6 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, Final
 
 import yaml
@@ -35,8 +36,21 @@ from console.queues import queues_report, read_workloads, workload_from_json
 from console.reasons import DEFAULT_EXTENDER
 from console.sbatch import SbatchError, job_from_script, parse_queue_map, summary
 from console.source import KUEUE_KINDS, Source, build_snapshot
+from console.upgrade import (
+    PlanError,
+    UpgradeNode,
+    UpgradePlan,
+    parse_keep,
+    parse_selector,
+    parse_window,
+    percent,
+    plan_upgrade,
+    selected,
+    upgrade_nodes,
+)
 from console.why import (
     Quota,
+    ReasonsSeen,
     WhyReport,
     WorkloadState,
     controller_of,
@@ -326,6 +340,25 @@ async def write_node(
 ) -> Output:
     """GET the node, let ``decide(NodeState)`` make the write (it raises ``WriteError``
     for a value the extender would ignore), then PATCH it and record the Event."""
+    write, event = await _node_write(source, clock, name, decide)
+    notes: list[str] = []
+    if not source.writable and not dry_run:
+        notes.append("note: a cluster file is read-only: nothing was written (as --dry-run)")
+        dry_run = True
+    if not dry_run:
+        await _send(source, write, event, notes)
+    if output == "json":
+        return Output(
+            _json({"patch": write.patch, "event": event, "dry_run": dry_run}), tuple(notes)
+        )
+    suffix = " (dry run)" if dry_run else ""
+    return Output(f"{write.describe()}{suffix}\n", tuple(notes))
+
+
+async def _node_write(
+    source: Source, clock: Clock, name: str, decide: Callable[[NodeState], annotate.NodeWrite]
+) -> tuple[annotate.NodeWrite, JsonObject]:
+    """The node's write as ``decide`` makes it from the node as read now, and its Event."""
     if _NAME.fullmatch(name) is None:
         raise ConsoleError(f"{name!r} is not a node name")
     obj = await source.node(name)
@@ -336,26 +369,21 @@ async def write_node(
         write = decide(state)
     except (ConversionError, annotate.WriteError, ValueError) as exc:
         raise ConsoleError(str(exc)) from None
-    event = annotate.node_event(write, obj, clock.now())
-    notes: list[str] = []
-    if not source.writable and not dry_run:
-        notes.append("note: a cluster file is read-only: nothing was written (as --dry-run)")
-        dry_run = True
-    if not dry_run:
-        try:
-            await source.patch_node(name, write.patch)
-        except KubeError as exc:
-            raise ConsoleError(f"node/{name} not changed: {exc}") from None
-        try:
-            await source.create(f"/api/v1/namespaces/{annotate.EVENT_NAMESPACE}/events", event)
-        except KubeError as exc:
-            notes.append(f"warning: node/{name} changed, but its Event was not recorded: {exc}")
-    if output == "json":
-        return Output(
-            _json({"patch": write.patch, "event": event, "dry_run": dry_run}), tuple(notes)
-        )
-    suffix = " (dry run)" if dry_run else ""
-    return Output(f"{write.describe()}{suffix}\n", tuple(notes))
+    return write, annotate.node_event(write, obj, clock.now())
+
+
+async def _send(
+    source: Source, write: annotate.NodeWrite, event: JsonObject, notes: list[str]
+) -> None:
+    """PATCH the node, then record the Event (a failure of the Event alone is a note)."""
+    try:
+        await source.patch_node(write.node, write.patch)
+    except KubeError as exc:
+        raise ConsoleError(f"node/{write.node} not changed: {exc}") from None
+    try:
+        await source.create(f"/api/v1/namespaces/{annotate.EVENT_NAMESPACE}/events", event)
+    except KubeError as exc:
+        notes.append(f"warning: node/{write.node} changed, but its Event was not recorded: {exc}")
 
 
 # ---------------------------------------------------------------- tessera sbatch
@@ -537,96 +565,280 @@ def _times(count: int) -> str:
     return "once" if count == 1 else f"{count} times"
 
 
-def _why_text(found: WhyReport, now: datetime) -> str:  # noqa: C901 - split next
-    def ago(when: datetime | None) -> str:
-        return render.NONE if when is None else render.duration((now - when).total_seconds())
+def _ago(when: datetime | None, now: datetime) -> str:
+    return render.NONE if when is None else render.duration((now - when).total_seconds())
 
-    parts = [f"{found.target}: {found.verdict}\n"]
-    top = found.target
-    if found.marks:
-        parts.append(f"\nWEBHOOK (what it wrote on {top})\n")
-        parts.append(
-            render.table(
-                ("KEY", "VALUE", "MEANING"), [(m.key, m.value, m.meaning) for m in found.marks]
-            )
-        )
-    else:
-        parts.append("\nWEBHOOK: no mark of Tessera's webhook on it (not mutated)\n")
-    w = found.workload
-    if w is None:
-        parts.append("\nKUEUE: no Workload owned by it\n")
-    else:
-        parts.append(
-            f"\nKUEUE workload {w.name} (LocalQueue {w.queue or render.NONE} → ClusterQueue "
-            f"{w.cluster_queue or render.NONE}), asks {w.gpus} GPUs\n"
-        )
-        parts.append(
-            render.table(
-                ("CONDITION", "STATUS", "REASON", "FOR", "MESSAGE"),
-                [
-                    (c.type, c.status, c.reason or render.NONE, ago(c.since), c.message)
-                    for c in w.conditions
-                ],
-            )
-            if w.conditions
-            else "no conditions yet\n"
-        )
-        if w.checks:
-            parts.append(render.table(("ADMISSION-CHECK", "STATE", "MESSAGE"), w.checks))
-        q = w.quota
-        if q is not None:
-            cohort = f" (cohort {q.cohort})" if q.cohort else ""
-            parts.append(
-                f"ClusterQueue {q.cluster_queue}{cohort}: nominal {q.nominal} GPUs, {q.used} in "
-                f"use ({q.borrowed} borrowed), {q.lent} lent; {q.pending} workloads pending\n"
-            )
-    if found.pods:
-        # pods alike (a gang's members) on one row
-        alike: dict[tuple[str, str, str, str, str], list[str]] = {}
-        for p in found.pods:
-            key = (p.phase, p.node or render.NONE, p.scheduled, p.reason, p.message)
-            alike.setdefault(key, []).append(p.name)
-        parts.append("\nPODS\n")
-        parts.append(
-            render.table(
-                ("POD", "PHASE", "NODE", "SCHEDULED", "REASON", "MESSAGE"),
-                [
-                    (", ".join(names), *key[:3], key[3] or render.NONE, key[4] or render.NONE)
-                    for key, names in alike.items()
-                ],
-            )
-        )
-    for seen in found.reasons:
-        r = seen.record
-        pods = ", ".join(seen.pods[:3]) + (
-            f" and {len(seen.pods) - 3} more" if len(seen.pods) > 3 else ""
-        )
-        parts.append(
-            f"\nEXTENDER {seen.source}: last /filter of {pods} {ago(r.at)} ago "
-            f"(filtered {_times(r.filters)} since {format_rfc3339(r.first_at)})\n{headline(r)}\n"
-        )
-        rows = [
-            (
-                g.nodes,
-                "may help" if g.resolvable else "no",
-                g.reason,
-                ", ".join(g.examples) or render.NONE,
-            )
-            for g in r.groups
+
+def _why_text(found: WhyReport, now: datetime) -> str:
+    """The report as an operator reads it: the verdict, then one block per stage."""
+    return "".join(
+        [
+            f"{found.target}: {found.verdict}\n",
+            *_webhook_text(found),
+            *_kueue_text(found.workload, now),
+            *_pods_text(found),
+            *(_reasons_text(seen, now) for seen in found.reasons),
+            *_events_text(found, now),
         ]
-        if r.other_nodes:
-            rows.append((r.other_nodes, "-", f"{r.other_reasons} other reasons", render.NONE))
-        if rows:
-            parts.append(render.table(("NODES", "PREEMPTION", "REASON", "FOR-EXAMPLE"), rows))
-        if r.bind is not None:
-            outcome = f"refused: {r.bind.error}" if r.bind.error else "bound"
-            parts.append(f"last /bind to {r.bind.node} {ago(r.bind.at)} ago: {outcome}\n")
-    if found.events:
-        parts.append("\nEVENTS (newest first)\n")
+    )
+
+
+def _webhook_text(found: WhyReport) -> list[str]:
+    if not found.marks:
+        return ["\nWEBHOOK: no mark of Tessera's webhook on it (not mutated)\n"]
+    return [
+        f"\nWEBHOOK (what it wrote on {found.target})\n",
+        render.table(
+            ("KEY", "VALUE", "MEANING"), [(m.key, m.value, m.meaning) for m in found.marks]
+        ),
+    ]
+
+
+def _kueue_text(w: WorkloadState | None, now: datetime) -> list[str]:
+    if w is None:
+        return ["\nKUEUE: no Workload owned by it\n"]
+    parts = [
+        f"\nKUEUE workload {w.name} (LocalQueue {w.queue or render.NONE} → ClusterQueue "
+        f"{w.cluster_queue or render.NONE}), asks {w.gpus} GPUs\n",
+        render.table(
+            ("CONDITION", "STATUS", "REASON", "FOR", "MESSAGE"),
+            [
+                (c.type, c.status, c.reason or render.NONE, _ago(c.since, now), c.message)
+                for c in w.conditions
+            ],
+        )
+        if w.conditions
+        else "no conditions yet\n",
+    ]
+    if w.checks:
+        parts.append(render.table(("ADMISSION-CHECK", "STATE", "MESSAGE"), w.checks))
+    q = w.quota
+    if q is not None:
+        cohort = f" (cohort {q.cohort})" if q.cohort else ""
         parts.append(
-            render.table(
-                ("AGO", "TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE"),
-                [(ago(e.at), e.type, e.reason, e.about, e.count, e.message) for e in found.events],
-            )
+            f"ClusterQueue {q.cluster_queue}{cohort}: nominal {q.nominal} GPUs, {q.used} in "
+            f"use ({q.borrowed} borrowed), {q.lent} lent; {q.pending} workloads pending\n"
+        )
+    return parts
+
+
+def _pods_text(found: WhyReport) -> list[str]:
+    if not found.pods:
+        return []
+    # pods alike (a gang's members) on one row
+    alike: dict[tuple[str, str, str, str, str], list[str]] = {}
+    for p in found.pods:
+        key = (p.phase, p.node or render.NONE, p.scheduled, p.reason, p.message)
+        alike.setdefault(key, []).append(p.name)
+    return [
+        "\nPODS\n",
+        render.table(
+            ("POD", "PHASE", "NODE", "SCHEDULED", "REASON", "MESSAGE"),
+            [
+                (", ".join(names), *key[:3], key[3] or render.NONE, key[4] or render.NONE)
+                for key, names in alike.items()
+            ],
+        ),
+    ]
+
+
+def _reasons_text(seen: ReasonsSeen, now: datetime) -> str:
+    r = seen.record
+    pods = ", ".join(seen.pods[:3]) + (
+        f" and {len(seen.pods) - 3} more" if len(seen.pods) > 3 else ""
+    )
+    parts = [
+        f"\nEXTENDER {seen.source}: last /filter of {pods} {_ago(r.at, now)} ago "
+        f"(filtered {_times(r.filters)} since {format_rfc3339(r.first_at)})\n{headline(r)}\n"
+    ]
+    rows = [
+        (
+            g.nodes,
+            "may help" if g.resolvable else "no",
+            g.reason,
+            ", ".join(g.examples) or render.NONE,
+        )
+        for g in r.groups
+    ]
+    if r.other_nodes:
+        rows.append((r.other_nodes, "-", f"{r.other_reasons} other reasons", render.NONE))
+    if rows:
+        parts.append(render.table(("NODES", "PREEMPTION", "REASON", "FOR-EXAMPLE"), rows))
+    if r.bind is not None:
+        outcome = f"refused: {r.bind.error}" if r.bind.error else "bound"
+        parts.append(f"last /bind to {r.bind.node} {_ago(r.bind.at, now)} ago: {outcome}\n")
+    return "".join(parts)
+
+
+def _events_text(found: WhyReport, now: datetime) -> list[str]:
+    if not found.events:
+        return []
+    return [
+        "\nEVENTS (newest first)\n",
+        render.table(
+            ("AGO", "TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE"),
+            [
+                (_ago(e.at, now), e.type, e.reason, e.about, e.count, e.message)
+                for e in found.events
+            ],
+        ),
+    ]
+
+
+# ---------------------------------------------------------------- tessera upgrade-plan
+
+
+async def upgrade_plan(
+    source: Source,
+    clock: Clock,
+    *,
+    selector: str,
+    window: str,
+    keep: str,
+    not_before: str | None = None,
+    reason: str = "",
+    apply: bool = False,
+    output: str = "table",
+) -> Output:
+    """Plan the waves of an upgrade of the nodes ``selector`` picks (``console.upgrade``);
+    with ``apply``, set each node's drain-after to its wave's start, wave by wave."""
+    now = clock.now()
+    try:
+        terms = parse_selector(selector)
+        span, share = parse_window(window), parse_keep(keep)
+        earliest = annotate.drain_time(not_before, now) if not_before else None
+    except (PlanError, annotate.WriteError) as exc:
+        raise ConsoleError(str(exc).replace("--at", "--not-before")) from None
+    objects = await source.objects(("Node", "Pod", *KUEUE_KINDS))
+    policy = policy_from_objects(o for o in objects if o["kind"] in KUEUE_KINDS)
+    snapshot, problems = build_snapshot(objects, (), clock)
+    nodes = upgrade_nodes(
+        snapshot, (o for o in objects if o["kind"] == "Pod"), policy.flavors.values(), now
+    )
+    matching = {n.name for n in snapshot.nodes.values() if selected(n.labels, terms)}
+    try:
+        plan = plan_upgrade(nodes, matching, now=now, window=span, keep=share, not_before=earliest)
+    except PlanError as exc:
+        raise ConsoleError(f"{exc} (--selector {selector})") from None
+    notes = [f"note: {p}" for p in problems]
+    gpu_nodes = {n.name for n in nodes}
+    notes += [f"note: {name} has no GPUs: left out" for name in sorted(matching - gpu_nodes)]
+    notes += [f"note: {note}" for note in plan.notes]
+    writes: list[tuple[annotate.NodeWrite, JsonObject]] = []
+    applied = False
+    if apply and not source.writable:
+        notes.append("note: a cluster file is read-only: nothing was written (as without --apply)")
+    elif apply:
+        writes = await _apply_plan(source, clock, plan, reason, notes)
+        applied = True
+    if output == "json":
+        shown = {
+            "selector": selector,
+            **plan.to_json(),
+            "applied": applied,
+            "writes": [{"patch": w.patch, "event": e} for w, e in writes],
+        }
+        return Output(_json(shown), tuple(notes))
+    return Output(_plan_text(plan, selector, writes, applied=applied), tuple(notes))
+
+
+async def _apply_plan(
+    source: Source, clock: Clock, plan: UpgradePlan, reason: str, notes: list[str]
+) -> list[tuple[annotate.NodeWrite, JsonObject]]:
+    """Every node's write is made (and checked) before the first is sent, then they are
+    sent wave by wave; a failure stops the rest and says what was written."""
+    writes = []
+    for wave in plan.waves:
+        why = f"upgrade wave {wave.number} of {len(plan.waves)}" + (
+            f": {reason.strip()}" if reason.strip() else ""
+        )
+        decide = partial(annotate.drain, when=wave.start, reason=why)
+        for node in wave.nodes:
+            writes.append(await _node_write(source, clock, node.name, decide))
+    done: list[str] = []
+    for write, event in writes:
+        try:
+            await _send(source, write, event, notes)
+        except ConsoleError as exc:
+            written = ", ".join(done) if done else "none"
+            raise ConsoleError(f"{exc}; drain-after was written on: {written}") from None
+        done.append(write.node)
+    return writes
+
+
+def _plan_text(
+    plan: UpgradePlan,
+    selector: str,
+    writes: Sequence[tuple[annotate.NodeWrite, JsonObject]],
+    *,
+    applied: bool,
+) -> str:
+    done = plan.done
+    ending = (
+        f"done by {format_rfc3339(done)}"
+        if done is not None
+        else "the last wave waits for jobs without a time limit"
+    )
+    parts = [
+        f"upgrade plan for {selector}: {len(plan.nodes)} nodes in {len(plan.waves)} waves of "
+        f"{render.duration(plan.window.total_seconds())}, each keeping at least "
+        f"{percent(plan.keep)} of every pool's GPUs schedulable; {ending}\n\n",
+        render.table(
+            ("WAVE", "START", "IN", "NODES", "GPUS-OUT", "KEPT"),
+            [
+                (
+                    w.number,
+                    w.start,
+                    _in(w.start, plan.now) + ("" if w.start_known else " *"),
+                    ", ".join(n.name for n in w.nodes),
+                    w.gpus_out,
+                    ", ".join(
+                        f"{k.pool} {percent(k.share)} ({k.gpus_kept}/{k.gpus_total})"
+                        for k in w.kept
+                    ),
+                )
+                for w in plan.waves
+            ],
+        ),
+    ]
+    if not all(w.start_known for w in plan.waves):
+        parts.append("* not before then, and only once the jobs without a time limit end\n")
+    parts.append("\n")
+    parts.append(
+        render.table(
+            ("NODE", "POOLS", "GPUS", "GPU-PODS", "JOBS-END", "WAVE", "DRAIN-AFTER-NOW"),
+            [
+                (
+                    n.name,
+                    ", ".join(n.pools),
+                    n.gpus,
+                    len(n.pods),
+                    _jobs_end(n, plan.now),
+                    plan.wave_of(n.name).number,
+                    n.drain_after,
+                )
+                for n in plan.nodes
+            ],
+        )
+    )
+    if applied:
+        parts.append("\n" + "".join(f"{w.describe()}\n" for w, _ in writes))
+    else:
+        parts.append(
+            "\nnothing written: --apply sets each node's "
+            f"{labels.DRAIN_AFTER} to its wave's start, with an Event\n"
         )
     return "".join(parts)
+
+
+def _jobs_end(node: UpgradeNode, now: datetime) -> str:
+    if node.free_at is None:
+        return "unknown"
+    if not node.pods:
+        return "idle"
+    return format_rfc3339(node.free_at) if node.free_at > now else "now"
+
+
+def _in(when: datetime, now: datetime) -> str:
+    ahead = (when - now).total_seconds()
+    return render.duration(ahead) if ahead >= 1 else "now"

@@ -83,55 +83,74 @@ def _port(pod: Mapping[str, Any]) -> int:
     return METRICS_PORT
 
 
-async def fetch(spec: str, keys: Sequence[str], source: object) -> Fetched:  # noqa: C901 - split next
+async def fetch(spec: str, keys: Sequence[str], source: object) -> Fetched:
     """The newest record of each pod in ``keys`` that the extenders ``spec`` names
     have (see the module's docstring for ``spec``)."""
     if spec == "none" or not keys:
         return Fetched()
-    found: dict[str, tuple[str, PodReasons]] = {}
-    problems: list[str] = []
-    asked: list[str] = []
     if spec.startswith("pods:"):
         namespace, _, selector = spec.removeprefix("pods:").partition("/")
         if not hasattr(source, "proxy_get"):
-            problems.append(
-                "the extender was not asked: a cluster file has no pods to proxy to "
-                "(give --extender URL)"
+            return Fetched(
+                problems=(
+                    "the extender was not asked: a cluster file has no pods to proxy to "
+                    "(give --extender URL)",
+                )
             )
-            return Fetched(found, (), tuple(problems))
         api: ProxySource = source  # type: ignore[assignment]
-        labels = dict(term.split("=", 1) for term in selector.split(",") if "=" in term)
-        try:
-            pods = await api.namespaced("Pod", namespace, labels)
-        except KubeError as exc:
-            return Fetched(found, (), (f"the extender pods could not be listed: {exc}",))
-        running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
-        if not running:
-            problems.append(f"no running extender pod in {namespace} matches {selector}")
-        for pod in running:
-            name = pod["metadata"]["name"]
-            where = f"pod {namespace}/{name}"
-            asked.append(where)
-            path = f"/api/v1/namespaces/{namespace}/pods/{name}:{_port(pod)}/proxy/debug/reasons"
-            try:
-                for chunk in _chunks(keys):
-                    _records(where, await api.proxy_get(path, {"pod": chunk}), found)
-            except (KubeError, RecordError) as exc:
-                problems.append(f"{where}: {exc}")
-        return Fetched(found, tuple(asked), tuple(problems))
+        return await _fetch_proxied(api, namespace, selector, keys)
     urls = [u.strip().rstrip("/") for u in spec.split(",") if u.strip()]
+    return await _fetch_direct(urls, keys)
+
+
+async def _fetch_proxied(
+    api: ProxySource, namespace: str, selector: str, keys: Sequence[str]
+) -> Fetched:
+    """Ask every running pod that ``selector`` picks in ``namespace``, through
+    kube-apiserver's pod proxy."""
+    labels = dict(term.split("=", 1) for term in selector.split(",") if "=" in term)
+    try:
+        pods = await api.namespaced("Pod", namespace, labels)
+    except KubeError as exc:
+        return Fetched(problems=(f"the extender pods could not be listed: {exc}",))
+    found: dict[str, tuple[str, PodReasons]] = {}
+    problems: list[str] = []
+    asked: list[str] = []
+    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+    if not running:
+        problems.append(f"no running extender pod in {namespace} matches {selector}")
+    for pod in running:
+        name = pod["metadata"]["name"]
+        where = f"pod {namespace}/{name}"
+        asked.append(where)
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}:{_port(pod)}/proxy/debug/reasons"
+        try:
+            for chunk in _chunks(keys):
+                _records(where, await api.proxy_get(path, {"pod": chunk}), found)
+        except (KubeError, RecordError) as exc:
+            problems.append(f"{where}: {exc}")
+    return Fetched(found, tuple(asked), tuple(problems))
+
+
+async def _fetch_direct(urls: Sequence[str], keys: Sequence[str]) -> Fetched:
+    """Ask each URL's ``/debug/reasons`` straight."""
+    found: dict[str, tuple[str, PodReasons]] = {}
+    problems: list[str] = []
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         for url in urls:
-            asked.append(url)
             try:
                 for chunk in _chunks(keys):
-                    async with session.get(f"{url}/debug/reasons", params={"pod": chunk}) as got:
-                        body = await got.read()
-                        if got.status != 200:
-                            text = body.decode(errors="replace")[:200]
-                            raise RecordError(f"HTTP {got.status}: {text}")
-                        _records(url, jsonio.loads(body), found)
+                    _records(url, await _get_reasons(session, url, chunk), found)
             except (aiohttp.ClientError, TimeoutError, RecordError, ValueError) as exc:
                 problems.append(f"{url}: {str(exc) or type(exc).__name__}")
-    return Fetched(found, tuple(asked), tuple(problems))
+    return Fetched(found, tuple(urls), tuple(problems))
+
+
+async def _get_reasons(session: aiohttp.ClientSession, url: str, chunk: str) -> object:
+    async with session.get(f"{url}/debug/reasons", params={"pod": chunk}) as got:
+        body = await got.read()
+        if got.status != 200:
+            text = body.decode(errors="replace")[:200]
+            raise RecordError(f"HTTP {got.status}: {text}")
+        return jsonio.loads(body)

@@ -263,13 +263,26 @@ def templates(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return [obj]
 
 
-def webhook_marks(obj: Mapping[str, Any]) -> tuple[Mark, ...]:  # noqa: C901 - split next
+def webhook_marks(obj: Mapping[str, Any]) -> tuple[Mark, ...]:
     """What the webhook wrote on ``obj`` (and what a user may have written the same)."""
-    found: list[Mark] = []
     meta_labels = _map(obj, "metadata", "labels")
-    for key, meaning in _LABEL_MARKS:
-        if key in meta_labels:
-            found.append(Mark(key, str(meta_labels[key]), meaning))
+    found = [
+        Mark(key, str(meta_labels[key]), meaning)
+        for key, meaning in _LABEL_MARKS
+        if key in meta_labels
+    ]
+    found += _spec_marks(obj)
+    seen: set[tuple[str, str]] = set()
+    for template in templates(obj):
+        found += _template_marks(template, seen)
+        if obj.get("kind") == "Pod":
+            found += _gate_marks(_map(template, "spec"))
+    return tuple(found)
+
+
+def _spec_marks(obj: Mapping[str, Any]) -> list[Mark]:
+    """Suspension and the time limit, on the object's own spec."""
+    found = []
     spec = _map(obj, "spec")
     if obj.get("kind") in ("Job", "JobSet") and "suspend" in spec:
         suspended = spec.get("suspend") is True
@@ -284,36 +297,37 @@ def webhook_marks(obj: Mapping[str, Any]) -> tuple[Mark, ...]:  # noqa: C901 - s
         found.append(
             Mark("spec.activeDeadlineSeconds", str(spec["activeDeadlineSeconds"]), "time limit (s)")
         )
-    seen: set[tuple[str, str]] = set()
-    for template in templates(obj):
-        tmeta, tspec = _map(template, "metadata"), _map(template, "spec")
-        for key, meaning in _TEMPLATE_LABEL_MARKS:
-            value = _map(tmeta, "labels").get(key)
-            if value is not None and (key, str(value)) not in seen:
-                seen.add((key, str(value)))
-                found.append(Mark(key, str(value), meaning))
-        for key, meaning in _TEMPLATE_ANNOTATION_MARKS:
-            value = _map(tmeta, "annotations").get(key)
-            if value is not None and (key, str(value)) not in seen:
-                seen.add((key, str(value)))
-                found.append(Mark(key, str(value), meaning))
-        scheduler = tspec.get("schedulerName")
-        if isinstance(scheduler, str) and ("schedulerName", scheduler) not in seen:
-            seen.add(("schedulerName", scheduler))
-            found.append(Mark("schedulerName", scheduler, "the kube-scheduler profile"))
-        if obj.get("kind") == "Pod":
-            gates = [
-                g.get("name") for g in _list(tspec, "schedulingGates") if isinstance(g, Mapping)
-            ]
-            if labels.KUEUE_ADMISSION_GATE in gates:
-                found.append(
-                    Mark(
-                        "spec.schedulingGates",
-                        labels.KUEUE_ADMISSION_GATE,
-                        "held until Kueue admits it",
-                    )
-                )
-    return tuple(found)
+    return found
+
+
+def _template_marks(template: Mapping[str, Any], seen: set[tuple[str, str]]) -> list[Mark]:
+    """The gang and topology keys and the scheduler of one pod template, each (key, value)
+    once across the templates (``seen``: those already shown)."""
+    tmeta = _map(template, "metadata")
+    candidates = [
+        (key, _map(tmeta, "labels").get(key), meaning) for key, meaning in _TEMPLATE_LABEL_MARKS
+    ]
+    candidates += [
+        (key, _map(tmeta, "annotations").get(key), meaning)
+        for key, meaning in _TEMPLATE_ANNOTATION_MARKS
+    ]
+    scheduler = _map(template, "spec").get("schedulerName")
+    if isinstance(scheduler, str):
+        candidates.append(("schedulerName", scheduler, "the kube-scheduler profile"))
+    found = []
+    for key, value, meaning in candidates:
+        if value is not None and (key, str(value)) not in seen:
+            seen.add((key, str(value)))
+            found.append(Mark(key, str(value), meaning))
+    return found
+
+
+def _gate_marks(spec: Mapping[str, Any]) -> list[Mark]:
+    """Kueue's admission gate on a pod (a pod of a plain Pod workload)."""
+    gates = [g.get("name") for g in _list(spec, "schedulingGates") if isinstance(g, Mapping)]
+    if labels.KUEUE_ADMISSION_GATE not in gates:
+        return []
+    return [Mark("spec.schedulingGates", labels.KUEUE_ADMISSION_GATE, "held until Kueue admits it")]
 
 
 def owned_by(obj: Mapping[str, Any], uids: Iterable[str]) -> bool:
@@ -445,7 +459,7 @@ def group_records(
 # ---------------------------------------------------------------- the verdict
 
 
-def verdict(  # noqa: PLR0917, C901 - one argument per stage; split next
+def verdict(  # noqa: PLR0917 - one argument per stage
     kind: str,
     marks: Sequence[Mark],
     workload: WorkloadState | None,
@@ -454,41 +468,69 @@ def verdict(  # noqa: PLR0917, C901 - one argument per stage; split next
     events: Sequence[EventRow],
 ) -> str:
     """The first stage that holds the job back, in one sentence."""
-    if pods and all(p.phase in ("Running", "Succeeded") for p in pods):
-        state = "running" if any(p.phase == "Running" for p in pods) else "done"
-        return f"running: {len(pods)} pod(s) {state}"
-    queued = any(m.key == labels.QUEUE_NAME for m in marks)
-    if workload is None:
-        if not queued:
-            return (
-                f"not managed by Kueue: no {labels.QUEUE_NAME} label and no Workload; "
-                "nothing holds it but the scheduler"
-                if kind == "Pod" or pods
-                else f"no {labels.QUEUE_NAME} label and no Workload: Kueue does not know it"
-            )
-        if not pods:
-            return (
-                "no Kueue Workload for it yet: Kueue makes one when it sees the job "
-                "(is Kueue running, and does the queue exist?)"
-            )
+    return (
+        _running(pods)
+        or _unknown_to_kueue(kind, marks, workload, pods)
+        or (_kueue_holds(workload) if workload is not None else None)
+        or _scheduler_holds(pods, reasons, events)
+    )
+
+
+def _running(pods: Sequence[PodState]) -> str | None:
+    if not pods or not all(p.phase in ("Running", "Succeeded") for p in pods):
+        return None
+    state = "running" if any(p.phase == "Running" for p in pods) else "done"
+    return f"running: {len(pods)} pod(s) {state}"
+
+
+def _unknown_to_kueue(
+    kind: str, marks: Sequence[Mark], workload: WorkloadState | None, pods: Sequence[PodState]
+) -> str | None:
+    """Without a Workload: Kueue does not manage it, or has not seen it yet."""
     if workload is not None:
-        if workload.holds("Finished"):
-            done = workload.condition("Finished")
-            return f"finished: {done.message if done else ''}".rstrip(": ")
-        evicted = workload.condition("Evicted")
-        if evicted is not None and evicted.status == "True" and not workload.holds("QuotaReserved"):
-            return f"evicted by Kueue ({evicted.reason}): {evicted.message}"
-        if not workload.holds("QuotaReserved"):
-            waiting = workload.condition("QuotaReserved")
-            why = waiting.message if waiting is not None and waiting.message else "no quota yet"
-            return f"waiting for quota in ClusterQueue {workload.cluster_queue or '?'}: {why}"
-        if not workload.holds("Admitted"):
-            pending = [
-                f"{n} {s}" + (f" ({m})" if m else "") for n, s, m in workload.checks if s != "Ready"
-            ]
-            return "quota reserved, waiting for admission checks: " + (
-                "; ".join(pending) or "none reported"
-            )
+        return None
+    if not any(m.key == labels.QUEUE_NAME for m in marks):
+        return (
+            f"not managed by Kueue: no {labels.QUEUE_NAME} label and no Workload; "
+            "nothing holds it but the scheduler"
+            if kind == "Pod" or pods
+            else f"no {labels.QUEUE_NAME} label and no Workload: Kueue does not know it"
+        )
+    if not pods:
+        return (
+            "no Kueue Workload for it yet: Kueue makes one when it sees the job "
+            "(is Kueue running, and does the queue exist?)"
+        )
+    return None
+
+
+def _kueue_holds(workload: WorkloadState) -> str | None:
+    """Finished, evicted, waiting for quota or for admission checks; None: admitted."""
+    if workload.holds("Finished"):
+        done = workload.condition("Finished")
+        return f"finished: {done.message if done else ''}".rstrip(": ")
+    evicted = workload.condition("Evicted")
+    if evicted is not None and evicted.status == "True" and not workload.holds("QuotaReserved"):
+        return f"evicted by Kueue ({evicted.reason}): {evicted.message}"
+    if not workload.holds("QuotaReserved"):
+        waiting = workload.condition("QuotaReserved")
+        why = waiting.message if waiting is not None and waiting.message else "no quota yet"
+        return f"waiting for quota in ClusterQueue {workload.cluster_queue or '?'}: {why}"
+    if not workload.holds("Admitted"):
+        pending = [
+            f"{n} {s}" + (f" ({m})" if m else "") for n, s, m in workload.checks if s != "Ready"
+        ]
+        return "quota reserved, waiting for admission checks: " + (
+            "; ".join(pending) or "none reported"
+        )
+    return None
+
+
+def _scheduler_holds(
+    pods: Sequence[PodState], reasons: Sequence[ReasonsSeen], events: Sequence[EventRow]
+) -> str:
+    """Past Kueue: no pods yet, gated pods, pods the scheduler did not place, or pods
+    placed and starting."""
     if not pods:
         warning = next((e for e in events if e.type == "Warning"), None)
         tail = f": {warning.reason}: {warning.message}" if warning else ""

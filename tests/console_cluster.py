@@ -49,19 +49,53 @@ def example_objects() -> list[dict[str, Any]]:
                     unhealthy="5" if name == "gpu-r1-2" else None,
                 )
             )
+    # Running pods with the time limits the webhook writes (their jobs end at 08:00,
+    # 07:00 and 06:30), but the notebook, which has none.
     pods = [
-        pod_json(
-            "train-0", gpus=8, node="gpu-r1-0", gpu_indices="0,1,2,3,4,5,6,7", phase="Running"
+        _started(
+            pod_json(
+                "train-0",
+                gpus=8,
+                node="gpu-r1-0",
+                gpu_indices="0,1,2,3,4,5,6,7",
+                phase="Running",
+                active_deadline_s=4 * 3600,
+            ),
+            "2026-01-01T04:00:00Z",
         ),
-        pod_json("small-0", gpus=4, node="gpu-r1-1", gpu_indices="0,1,2,3", phase="Running"),
-        pod_json("tune-0", "team-cv", gpus=2, node="gpu-r3-0", gpu_indices="4,5", phase="Running"),
-        pod_json(
-            "notebook-0",
-            "team-cv",
-            gpu_milli=500,
-            node="gpu-r3-0",
-            gpu_indices="6",
-            phase="Running",
+        _started(
+            pod_json(
+                "small-0",
+                gpus=4,
+                node="gpu-r1-1",
+                gpu_indices="0,1,2,3",
+                phase="Running",
+                active_deadline_s=2 * 3600,
+            ),
+            "2026-01-01T05:00:00Z",
+        ),
+        _started(
+            pod_json(
+                "tune-0",
+                "team-cv",
+                gpus=2,
+                node="gpu-r3-0",
+                gpu_indices="4,5",
+                phase="Running",
+                active_deadline_s=3600,
+            ),
+            "2026-01-01T05:30:00Z",
+        ),
+        _started(
+            pod_json(
+                "notebook-0",
+                "team-cv",
+                gpu_milli=500,
+                node="gpu-r3-0",
+                gpu_indices="6",
+                phase="Running",
+            ),
+            "2026-01-01T02:00:00Z",
         ),
         pod_json("waiting-0", gpus=8),
     ]
@@ -107,6 +141,11 @@ def example_objects() -> list[dict[str, Any]]:
         ),
     ]
     return [*nodes, *pods, *kueue, *workloads]
+
+
+def _started(pod: dict[str, Any], at: str) -> dict[str, Any]:
+    pod["status"]["startTime"] = at
+    return pod
 
 
 def write_cluster_file(path: Path) -> Path:

@@ -438,3 +438,160 @@ async def test_why_asks_every_extender_replica_through_the_api_server(
     assert asked.query["pod"] == "team-nlp/llm-0,team-nlp/llm-1,team-nlp/llm-2"
     assert any("pod tessera-system/tessera-scheduler-a" in note for note in shown.notes)
     assert shown.text.startswith("pod team-nlp/llm-0: 3 pod(s) not scheduled: 0/7 nodes")
+
+
+# ---------------------------------------------------------------- tessera upgrade-plan
+
+H100 = "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
+
+
+def test_upgrade_plan_of_a_file_orders_nodes_by_when_their_jobs_end(
+    cluster_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan_args = ("upgrade-plan", "--cluster-file", str(cluster_file), "-l", H100, "--keep", "50%")
+    out, err = tessera(capsys, *plan_args, "-o", "json")
+    plan = jsonio.loads(out)
+    assert [(w["start"], w["nodes"]) for w in plan["waves"]] == [
+        ("2026-01-01T06:00:00Z", ["gpu-r1-2", "gpu-r2-0", "gpu-r3-1"]),
+        # small-0 ends at 07:00 and train-0 at 08:00: their nodes wait
+        ("2026-01-01T08:00:00Z", ["gpu-r2-1", "gpu-r1-1"]),
+        ("2026-01-01T10:00:00Z", ["gpu-r1-0"]),
+        # the notebook on gpu-r3-0 has no time limit: last, and said so
+        ("2026-01-01T12:00:00Z", ["gpu-r3-0"]),
+    ]
+    assert [w["start_known"] for w in plan["waves"]] == [True, True, True, False]
+    first = plan["waves"][0]
+    assert first["gpus_out"] == 24
+    assert [(k["pool"], k["gpus_kept"], k["gpus_total"]) for k in first["kept"]] == [
+        ("flavor h100-reserved", 24, 40),
+        ("flavor h100-spot", 8, 16),
+    ]
+    nodes = {n["name"]: n for n in plan["nodes"]}
+    assert nodes["gpu-r1-0"]["jobs_end"] == "2026-01-01T08:00:00Z"
+    assert nodes["gpu-r3-0"]["jobs_end"] is None
+    assert nodes["gpu-r3-0"]["pods_without_time_limit"] == ["team-cv/notebook-0"]
+    assert plan["done_by"] is None
+    assert (plan["applied"], plan["writes"]) == (False, [])
+    assert "team-cv/notebook-0 has no time limit" in err
+
+    table, _ = tessera(capsys, *plan_args)
+    lines = table.splitlines()
+    assert lines[0] == (
+        f"upgrade plan for {H100}: 7 nodes in 4 waves of 2h, each keeping at least 50% of "
+        "every pool's GPUs schedulable; the last wave waits for jobs without a time limit"
+    )
+    assert lines[2].split()[:6] == ["WAVE", "START", "IN", "NODES", "GPUS-OUT", "KEPT"]
+    assert lines[3].split()[:6] == [
+        "1",
+        "2026-01-01T06:00:00Z",
+        "now",
+        "gpu-r1-2,",
+        "gpu-r2-0,",
+        "gpu-r3-1",
+    ]
+    assert "flavor h100-reserved 60% (24/40), flavor h100-spot 50% (8/16)" in lines[3]
+    assert lines[6].split()[:4] == ["4", "2026-01-01T12:00:00Z", "6h", "*"]
+    assert "gpu-r1-0  flavor h100-reserved     8         1  2026-01-01T08:00:00Z" in table
+    assert lines[-1].startswith("nothing written: --apply sets each node's")
+
+
+def test_upgrade_plan_of_a_file_writes_nothing_and_refuses_what_cannot_keep_the_share(
+    cluster_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = cluster_file.read_bytes()
+    out, err = tessera(
+        capsys,
+        "upgrade-plan",
+        "--cluster-file",
+        str(cluster_file),
+        "-l",
+        "example.com/capacity=reserved,!example.com/none",
+        "--keep",
+        "0.5",
+        "--apply",
+        "-o",
+        "json",
+    )
+    assert jsonio.loads(out)["applied"] is False
+    assert "read-only" in err
+    assert cluster_file.read_bytes() == before
+    # a spot node holds half of its flavor's GPUs: 80% cannot be kept with it out
+    _, err = tessera(
+        capsys, "upgrade-plan", "--cluster-file", str(cluster_file), "-l", H100, code=1
+    )
+    assert err == (
+        "tessera: node gpu-r1-0 cannot go out even alone: flavor h100-reserved would keep 31 "
+        "of its 40 GPUs schedulable (77.5%), below --keep 80% (1 of them unhealthy or cordoned "
+        "already); 5 more nodes the same: lower --keep or upgrade them by hand "
+        f"(--selector {H100})\n"
+    )
+    _, err = tessera(
+        capsys, "upgrade-plan", "--cluster-file", str(cluster_file), "-l", "a=b", code=1
+    )
+    assert err == "tessera: no GPU node matches the selector (--selector a=b)\n"
+    _, err = tessera(
+        capsys,
+        "upgrade-plan",
+        "--cluster-file",
+        str(cluster_file),
+        "-l",
+        H100,
+        "--keep",
+        "100%",
+        code=1,
+    )
+    assert "leaves none to upgrade" in err
+
+
+async def test_upgrade_plan_applied_sets_each_wave_s_drain_after_with_an_event(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    shown = await console(
+        api,
+        tmp_path,
+        "upgrade-plan",
+        "--selector",
+        "example.com/capacity=reserved",
+        "--window",
+        "90m",
+        "--keep",
+        "50%",
+        "--not-before",
+        "+1h",
+        "--reason",
+        "driver 570",
+        "--apply",
+        "-o",
+        "json",
+    )
+    plan = jsonio.loads(shown.text)
+    assert plan["applied"] is True
+    starts = {n: w["start"] for w in plan["waves"] for n in w["nodes"]}
+    assert starts == {
+        "gpu-r1-2": "2026-01-01T07:00:00Z",
+        "gpu-r2-0": "2026-01-01T07:00:00Z",
+        "gpu-r1-1": "2026-01-01T08:30:00Z",
+        "gpu-r2-1": "2026-01-01T08:30:00Z",
+        "gpu-r1-0": "2026-01-01T10:00:00Z",
+    }
+    stored = api.objects("/api/v1/nodes")
+    for name, start in starts.items():
+        assert stored[name]["metadata"]["annotations"][labels.DRAIN_AFTER] == start
+        # read back by the extender's own parser
+        assert node_from_json(stored[name]).drain_after == dt.datetime.fromisoformat(start)
+    assert labels.DRAIN_AFTER not in stored["gpu-r3-0"]["metadata"].get("annotations", {})
+    events = {e["involvedObject"]["name"]: e for e in api.objects("/api/v1/events").values()}
+    assert set(events) == set(starts)
+    assert events["gpu-r1-0"]["reason"] == annotate.REASON_DRAIN
+    assert events["gpu-r1-0"]["message"].endswith("(upgrade wave 3 of 3: driver 570)")
+    # written wave by wave
+    patched = [r.path.rsplit("/", 1)[-1] for r in api.requests_of("patch")]
+    assert patched == [n for w in plan["waves"] for n in w["nodes"]]
+
+    # without --apply: the plan alone, nothing written
+    before = len(api.requests_of("patch"))
+    text = await console(
+        api, tmp_path, "upgrade-plan", "-l", "example.com/capacity=reserved", "--keep", "50%"
+    )
+    assert "nothing written" in text.text
+    assert len(api.requests_of("patch")) == before
