@@ -22,8 +22,16 @@ from typing import Any
 from cluster.clock import Clock, SystemClock
 from cluster.files import ObjectFileError
 from cluster.kube import KubeClient, KubeConfig, KubeError
-from console import annotate, commands
-from console.commands import ConsoleError, Output
+from console import (
+    annotate,
+    node_write_cmd,
+    nodes_cmd,
+    queues_cmd,
+    sbatch_cmd,
+    upgrade_cmd,
+    why_cmd,
+)
+from console.output import ConsoleError, Output
 from console.reasons import DEFAULT_EXTENDER
 from console.source import ApiSource, FileSource, ReadOnlyError, Source
 from server.cli import env_bool, env_value
@@ -218,7 +226,7 @@ def _command(args: argparse.Namespace, source: Source | None, clock: Clock) -> A
     if source is None:  # pragma: no cover - run() opens one for every other command
         raise ConsoleError("no cluster to read")
     if args.command == "nodes":
-        return commands.nodes(
+        return nodes_cmd.nodes(
             source,
             clock,
             output=output,
@@ -228,9 +236,9 @@ def _command(args: argparse.Namespace, source: Source | None, clock: Clock) -> A
             by_node=args.by_node,
         )
     if args.command == "queues":
-        return commands.queues(source, clock, output=output)
+        return queues_cmd.queues(source, clock, output=output)
     if args.command == "why":
-        return commands.why(
+        return why_cmd.why(
             source,
             clock,
             args.target,
@@ -239,7 +247,7 @@ def _command(args: argparse.Namespace, source: Source | None, clock: Clock) -> A
             output=output,
         )
     if args.command == "upgrade-plan":
-        return commands.upgrade_plan(
+        return upgrade_cmd.upgrade_plan(
             source,
             clock,
             selector=args.selector,
@@ -261,7 +269,7 @@ def _command(args: argparse.Namespace, source: Source | None, clock: Clock) -> A
         decide = partial(annotate.undrain, reason=args.reason)
     else:
         decide = partial(annotate.gpu_health, unhealthy=args.unhealthy, reason=args.reason)
-    return commands.write_node(
+    return node_write_cmd.write_node(
         source, clock, args.node_name, decide, output=output, dry_run=args.dry_run
     )
 
@@ -272,7 +280,7 @@ def _sbatch(args: argparse.Namespace, source: Source | None) -> Awaitable[Output
         script = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConsoleError(f"cannot read {path}: {exc}") from None
-    return commands.sbatch(
+    return sbatch_cmd.sbatch(
         source,
         script,
         path.name,

@@ -19,7 +19,7 @@ from cluster.clock import ManualClock
 from cluster.convert.nodes import node_from_json
 from console import annotate
 from console.__main__ import build_parser, main, run
-from console.commands import ConsoleError, Output
+from console.output import ConsoleError, Output
 from extender.app import create_app
 from extender.settings import ExtenderSettings, parse_levels
 from server.serving import DEBUG_ROUTES, EXPOSITION, metrics_app, running
