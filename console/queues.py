@@ -35,8 +35,8 @@ from typing import Any
 
 from cluster import labels
 from cluster.convert.demand import read_demand
-from cluster.convert.grammar import AnnotationError, parse_rfc3339
 from cluster.quantity import QuantityError, to_milli
+from console.reading import field_list, field_map, timestamp
 from webhook.queues import Policy
 
 GPU = labels.GPU_RESOURCE
@@ -67,31 +67,12 @@ class Workload:
         return max(0.0, (end - self.created).total_seconds())
 
 
-def _map(obj: Any, key: str) -> Mapping[str, Any]:
-    value = obj.get(key) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(obj: Any, key: str) -> list[Any]:
-    value = obj.get(key) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, list) else []
-
-
-def _time(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return parse_rfc3339(value)
-    except AnnotationError:
-        return None
-
-
 def workload_from_json(obj: Mapping[str, Any], policy: Policy) -> Workload | None:
     """A Workload object, or None for one that is finished. ``ValueError`` for one that
     cannot be read at all (no name or no queue)."""
-    meta = _map(obj, "metadata")
-    spec = _map(obj, "spec")
-    status = _map(obj, "status")
+    meta = field_map(obj, "metadata")
+    spec = field_map(obj, "spec")
+    status = field_map(obj, "status")
     name = meta.get("name")
     namespace = meta.get("namespace") or "default"
     queue = spec.get("queueName")
@@ -99,28 +80,30 @@ def workload_from_json(obj: Mapping[str, Any], policy: Policy) -> Workload | Non
         raise ValueError("a Workload without metadata.name")
     if not isinstance(queue, str) or not queue:
         raise ValueError(f"Workload {namespace}/{name} has no spec.queueName")
-    conditions = {c.get("type"): c for c in _list(status, "conditions") if isinstance(c, Mapping)}
+    conditions = {
+        c.get("type"): c for c in field_list(status, "conditions") if isinstance(c, Mapping)
+    }
     if conditions.get("Finished", {}).get("status") == "True":
         return None
     reserved = [conditions[t] for t in _ADMITTED if conditions.get(t, {}).get("status") == "True"]
-    admission = _map(status, "admission")
+    admission = field_map(status, "admission")
     gpus = milli = 0
-    for pod_set in _list(spec, "podSets"):
+    for pod_set in field_list(spec, "podSets"):
         count = pod_set.get("count", 1) if isinstance(pod_set, Mapping) else 0
         count = count if isinstance(count, int) and count > 0 else 0
-        template = _map(pod_set, "template")
+        template = field_map(pod_set, "template")
         demand = read_demand(
-            _map(template, "spec"),
-            _map(_map(template, "metadata"), "annotations"),
-            _map(_map(template, "metadata"), "labels"),
+            field_map(template, "spec"),
+            field_map(field_map(template, "metadata"), "annotations"),
+            field_map(field_map(template, "metadata"), "labels"),
         ).demand
         gpus += count * demand.gpus
         milli += count * demand.gpu_milli
     usage: dict[tuple[str, str], int] = {}
     if reserved:
-        for assignment in _list(admission, "podSetAssignments"):
-            flavors = _map(assignment, "flavors")
-            for resource, quantity in _map(assignment, "resourceUsage").items():
+        for assignment in field_list(admission, "podSetAssignments"):
+            flavors = field_map(assignment, "flavors")
+            for resource, quantity in field_map(assignment, "resourceUsage").items():
                 flavor = flavors.get(resource)
                 if not isinstance(flavor, str):
                     continue
@@ -139,8 +122,8 @@ def workload_from_json(obj: Mapping[str, Any], policy: Policy) -> Workload | Non
         queue=queue,
         cluster_queue=cluster_queue,
         admitted=bool(reserved),
-        created=_time(meta.get("creationTimestamp")),
-        admitted_at=_time(reserved[0].get("lastTransitionTime")) if reserved else None,
+        created=timestamp(meta.get("creationTimestamp")),
+        admitted_at=timestamp(reserved[0].get("lastTransitionTime")) if reserved else None,
         gpus=gpus,
         gpu_milli=milli,
         usage=usage,

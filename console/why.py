@@ -28,7 +28,8 @@ from datetime import datetime
 from typing import Any, Final
 
 from cluster import labels
-from cluster.convert.grammar import AnnotationError, format_rfc3339, parse_rfc3339
+from cluster.convert.grammar import format_rfc3339
+from console.reading import field_list, field_map, timestamp
 from extender.explain import PodReasons, by_category, headline
 
 EVENTS_SHOWN: Final = 12
@@ -225,28 +226,8 @@ class WhyReport:
 # ---------------------------------------------------------------- reading objects
 
 
-def _map(obj: Any, *keys: str) -> Mapping[str, Any]:
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, Mapping) else None
-    return obj if isinstance(obj, Mapping) else {}
-
-
-def _list(obj: Any, key: str) -> list[Any]:
-    value = obj.get(key) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, list) else []
-
-
-def _time(value: object) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return parse_rfc3339(value)
-    except AnnotationError:
-        return None
-
-
 def name_of(obj: Mapping[str, Any]) -> str:
-    return str(_map(obj, "metadata").get("name") or "")
+    return str(field_map(obj, "metadata").get("name") or "")
 
 
 def templates(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -254,18 +235,18 @@ def templates(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     itself."""
     kind = obj.get("kind")
     if kind == "Job":
-        return [_map(obj, "spec", "template")]
+        return [field_map(obj, "spec", "template")]
     if kind == "JobSet":
         return [
-            _map(r, "template", "spec", "template")
-            for r in _list(_map(obj, "spec"), "replicatedJobs")
+            field_map(r, "template", "spec", "template")
+            for r in field_list(field_map(obj, "spec"), "replicatedJobs")
         ]
     return [obj]
 
 
 def webhook_marks(obj: Mapping[str, Any]) -> tuple[Mark, ...]:
     """What the webhook wrote on ``obj`` (and what a user may have written the same)."""
-    meta_labels = _map(obj, "metadata", "labels")
+    meta_labels = field_map(obj, "metadata", "labels")
     found = [
         Mark(key, str(meta_labels[key]), meaning)
         for key, meaning in _LABEL_MARKS
@@ -276,14 +257,14 @@ def webhook_marks(obj: Mapping[str, Any]) -> tuple[Mark, ...]:
     for template in templates(obj):
         found += _template_marks(template, seen)
         if obj.get("kind") == "Pod":
-            found += _gate_marks(_map(template, "spec"))
+            found += _gate_marks(field_map(template, "spec"))
     return tuple(found)
 
 
 def _spec_marks(obj: Mapping[str, Any]) -> list[Mark]:
     """Suspension and the time limit, on the object's own spec."""
     found = []
-    spec = _map(obj, "spec")
+    spec = field_map(obj, "spec")
     if obj.get("kind") in ("Job", "JobSet") and "suspend" in spec:
         suspended = spec.get("suspend") is True
         found.append(
@@ -303,15 +284,16 @@ def _spec_marks(obj: Mapping[str, Any]) -> list[Mark]:
 def _template_marks(template: Mapping[str, Any], seen: set[tuple[str, str]]) -> list[Mark]:
     """The gang and topology keys and the scheduler of one pod template, each (key, value)
     once across the templates (``seen``: those already shown)."""
-    tmeta = _map(template, "metadata")
+    tmeta = field_map(template, "metadata")
     candidates = [
-        (key, _map(tmeta, "labels").get(key), meaning) for key, meaning in _TEMPLATE_LABEL_MARKS
+        (key, field_map(tmeta, "labels").get(key), meaning)
+        for key, meaning in _TEMPLATE_LABEL_MARKS
     ]
     candidates += [
-        (key, _map(tmeta, "annotations").get(key), meaning)
+        (key, field_map(tmeta, "annotations").get(key), meaning)
         for key, meaning in _TEMPLATE_ANNOTATION_MARKS
     ]
-    scheduler = _map(template, "spec").get("schedulerName")
+    scheduler = field_map(template, "spec").get("schedulerName")
     if isinstance(scheduler, str):
         candidates.append(("schedulerName", scheduler, "the kube-scheduler profile"))
     found = []
@@ -324,7 +306,7 @@ def _template_marks(template: Mapping[str, Any], seen: set[tuple[str, str]]) -> 
 
 def _gate_marks(spec: Mapping[str, Any]) -> list[Mark]:
     """Kueue's admission gate on a pod (a pod of a plain Pod workload)."""
-    gates = [g.get("name") for g in _list(spec, "schedulingGates") if isinstance(g, Mapping)]
+    gates = [g.get("name") for g in field_list(spec, "schedulingGates") if isinstance(g, Mapping)]
     if labels.KUEUE_ADMISSION_GATE not in gates:
         return []
     return [Mark("spec.schedulingGates", labels.KUEUE_ADMISSION_GATE, "held until Kueue admits it")]
@@ -334,37 +316,37 @@ def owned_by(obj: Mapping[str, Any], uids: Iterable[str]) -> bool:
     wanted = set(uids)
     return any(
         isinstance(ref, Mapping) and ref.get("uid") in wanted
-        for ref in _list(_map(obj, "metadata"), "ownerReferences")
+        for ref in field_list(field_map(obj, "metadata"), "ownerReferences")
     )
 
 
 def controller_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
     """(kind, name) of the object's controller ownerReference."""
-    for ref in _list(_map(obj, "metadata"), "ownerReferences"):
+    for ref in field_list(field_map(obj, "metadata"), "ownerReferences"):
         if isinstance(ref, Mapping) and ref.get("controller") is True:
             return str(ref.get("kind") or ""), str(ref.get("name") or "")
     return None
 
 
 def workload_state(obj: Mapping[str, Any], gpus: int, quota: Quota | None) -> WorkloadState:
-    status, spec = _map(obj, "status"), _map(obj, "spec")
+    status, spec = field_map(obj, "status"), field_map(obj, "spec")
     conditions = tuple(
         Condition(
             str(c.get("type") or ""),
             str(c.get("status") or ""),
             str(c.get("reason") or ""),
             str(c.get("message") or ""),
-            _time(c.get("lastTransitionTime")),
+            timestamp(c.get("lastTransitionTime")),
         )
-        for c in _list(status, "conditions")
+        for c in field_list(status, "conditions")
         if isinstance(c, Mapping)
     )
     checks = tuple(
         (str(c.get("name") or ""), str(c.get("state") or ""), str(c.get("message") or ""))
-        for c in _list(status, "admissionChecks")
+        for c in field_list(status, "admissionChecks")
         if isinstance(c, Mapping)
     )
-    admitted_to = _map(status, "admission").get("clusterQueue")
+    admitted_to = field_map(status, "admission").get("clusterQueue")
     return WorkloadState(
         name=name_of(obj),
         queue=str(spec.get("queueName") or ""),
@@ -377,17 +359,17 @@ def workload_state(obj: Mapping[str, Any], gpus: int, quota: Quota | None) -> Wo
 
 
 def pod_state(obj: Mapping[str, Any]) -> PodState:
-    spec, status = _map(obj, "spec"), _map(obj, "status")
+    spec, status = field_map(obj, "spec"), field_map(obj, "status")
     scheduled = next(
         (
             c
-            for c in _list(status, "conditions")
+            for c in field_list(status, "conditions")
             if isinstance(c, Mapping) and c.get("type") == "PodScheduled"
         ),
         {},
     )
     gates = tuple(
-        str(g.get("name")) for g in _list(spec, "schedulingGates") if isinstance(g, Mapping)
+        str(g.get("name")) for g in field_list(spec, "schedulingGates") if isinstance(g, Mapping)
     )
     return PodState(
         name=name_of(obj),
@@ -407,18 +389,18 @@ def event_rows(
     newest first, at most ``EVENTS_SHOWN``."""
     rows = []
     for event in events:
-        involved = _map(event, "involvedObject") or _map(event, "regarding")
+        involved = field_map(event, "involvedObject") or field_map(event, "regarding")
         key = involved.get("uid") or ""
         shown = names.get(str(key)) or names.get(f"{involved.get('kind')}/{involved.get('name')}")
         if shown is None:
             continue
         at = (
-            _time(event.get("lastTimestamp"))
-            or _time(event.get("eventTime"))
-            or _time(_map(event, "series").get("lastObservedTime"))
-            or _time(_map(event, "metadata").get("creationTimestamp"))
+            timestamp(event.get("lastTimestamp"))
+            or timestamp(event.get("eventTime"))
+            or timestamp(field_map(event, "series").get("lastObservedTime"))
+            or timestamp(field_map(event, "metadata").get("creationTimestamp"))
         )
-        count = event.get("count") or _map(event, "series").get("count") or 1
+        count = event.get("count") or field_map(event, "series").get("count") or 1
         rows.append(
             EventRow(
                 at,
@@ -561,7 +543,7 @@ def report(
 ) -> WhyReport:
     """The whole answer for ``target`` (a Job, JobSet or Pod as read)."""
     kind = str(target.get("kind") or "")
-    meta = _map(target, "metadata")
+    meta = field_map(target, "metadata")
     namespace = str(meta.get("namespace") or "default")
     # the webhook judged the top of the chain: a Job's pod carries no queue label
     judged = owners[-1] if owners else target
@@ -569,7 +551,7 @@ def report(
     states = tuple(pod_state(p) for p in pods)
     shown: dict[str, str] = {}
     for obj in (target, *owners, *pods, *((workload_obj,) if workload_obj else ())):
-        uid = _map(obj, "metadata").get("uid")
+        uid = field_map(obj, "metadata").get("uid")
         label = f"{str(obj.get('kind') or '').lower()}/{name_of(obj)}"
         if isinstance(uid, str) and uid:
             shown[uid] = label
