@@ -33,6 +33,7 @@ from server import serving
 from server.guard import ConnectionGuard
 from server.tls import CertReloader, client_context
 from tests.certfiles import Material, make_material
+from tests.rawhttp import Answer, read_answer
 from webhook.app import METRICS, create_app
 from webhook.settings import WebhookSettings
 from webhook.source import PolicyStore
@@ -66,27 +67,6 @@ def head(target: str = "/mutate?timeout=5s", length: int | None = 0, method: str
 
 def request(body: bytes, target: str = "/mutate?timeout=5s") -> bytes:
     return head(target, len(body)) + body
-
-
-@dataclass
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return jsonio.loads(self.body)
-
-
-async def read_answer(reader: asyncio.StreamReader) -> Answer:
-    raw = await reader.readuntil(b"\r\n\r\n")
-    status_line, *lines = raw.decode().rstrip("\r\n").split("\r\n")
-    headers = {}
-    for line in lines:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return Answer(int(status_line.split()[1]), headers, body)
 
 
 async def until_closed(reader: asyncio.StreamReader) -> bytes:

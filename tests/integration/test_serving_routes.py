@@ -28,6 +28,7 @@ from server import serving
 from server.direct import Call, Reply, Route
 from server.guard import ConnectionGuard
 from server.serving_settings import Limits
+from tests.rawhttp import read_answer
 
 SLACK_S = 5.0
 
@@ -41,24 +42,6 @@ def request(
     if close:
         lines.append("Connection: close")
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-@dataclass
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
-async def read_answer(reader: asyncio.StreamReader) -> Answer:
-    raw = await reader.readuntil(b"\r\n\r\n")
-    status_line, *lines = raw.decode().rstrip("\r\n").split("\r\n")
-    headers = {}
-    for line in lines:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    body = await reader.readexactly(int(headers.get("content-length", "0")))
-    return Answer(int(status_line.split()[1]), headers, body)
 
 
 @dataclass
