@@ -247,6 +247,11 @@ class PodInfo:
     GPUs for it so that accounting stays whole). ``refusal`` says why no node can take
     the pod whatever it has free: a GPU request that is no count of GPUs (negative, not
     a number, fractional, more than a node can have), which must not be read as none.
+
+    Times, for reservations (``extender.reservations``): ``started_at`` is when a bound
+    pod started (``status.startTime``), from which its time limit runs; ``created_at``
+    and ``priority`` are read only for gang members waiting to be placed, which gangs are
+    served in order of (the oldest gang first, the higher priority first).
     """
 
     key: PodKey
@@ -259,6 +264,13 @@ class PodInfo:
     deleting: bool = False
     problems: tuple[str, ...] = ()
     refusal: str = ""
+    started_at: datetime | None = None
+    """``status.startTime`` of a bound pod; None before the kubelet starts it."""
+    created_at: datetime | None = None
+    """``metadata.creationTimestamp``, kept for a gang member waiting to be placed."""
+    priority: int = 0
+    """``spec.priority`` (admission resolves the priority class into it), kept for a gang
+    member waiting to be placed."""
 
     @property
     def namespace(self) -> str:

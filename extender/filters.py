@@ -15,9 +15,7 @@ filter is adding it to ``FILTERS`` (and to ``NODE_FILTERS`` when that is all it 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Final, TypeAlias
 
 from cluster.labels import GPU_RESOURCE
@@ -32,6 +30,7 @@ from extender.config import TopologyLevel
 from extender.context import FIT, GangView, PodContext, Unfit, Verdict
 from extender.gpus import islands, one_island, pod_fits
 from extender.memo import MISSING, gpu_state
+from extender.promises import Promise, promise_verdict
 
 Filter: TypeAlias = Callable[[PodContext, NodeState], Verdict]
 
@@ -118,34 +117,18 @@ def filter_product(ctx: PodContext, node: NodeState) -> Verdict:
 
 
 def filter_maintenance(ctx: PodContext, node: NodeState) -> Verdict:
-    """A node that drains at ``tessera.dev/drain-after`` takes only pods whose time
-    limit (``activeDeadlineSeconds``) ends by then, counted from now."""
+    """A node that drains at ``tessera.dev/drain-after`` is promised to maintenance from
+    then on: it takes only pods whose time limit (``activeDeadlineSeconds``) ends by
+    then, counted from now (``extender.promises``, the rule reservations keep too)."""
     drain = node.drain_after
     if drain is None:
         return FIT
     verdict = ctx.drains.get(drain)
     if verdict is None:
-        verdict = ctx.drains[drain] = _maintenance(ctx, drain)
-    return verdict
-
-
-def _maintenance(ctx: PodContext, drain: datetime) -> Verdict:
-    ends = ctx.ends
-    if ends is not None and ends <= drain:
-        return FIT
-    when = _rfc3339(drain)
-    limit = ctx.demand.time_limit_s
-    if ends is None or limit is None:
-        return Unfit(
-            f"node drains for maintenance at {when}; pod has no time limit "
-            "(activeDeadlineSeconds) to end before it",
-            resolvable=False,
+        verdict = ctx.drains[drain] = promise_verdict(
+            Promise(drain), node.name, ctx.ends, ctx.demand.time_limit_s, ctx.now
         )
-    return Unfit(
-        f"node drains for maintenance at {when}; pod's time limit of "
-        f"{_duration(limit)} would end at {_rfc3339(ends)}",
-        resolvable=False,
-    )
+    return verdict
 
 
 def filter_gpus(ctx: PodContext, node: NodeState) -> Verdict:
@@ -421,20 +404,3 @@ def _unhealthy_note(node: NodeState) -> str:
     if not bad:
         return ""
     return f" (GPU {','.join(bad)} unhealthy)"
-
-
-# Kept: a maintenance reason is written on every request that names a draining node
-# (once per drain time: it reads the time, so no memo outlives the request), and
-# strftime was most of a plain pod's filter there.
-@functools.lru_cache(maxsize=1024)
-def _rfc3339(when: datetime) -> str:
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@functools.lru_cache(maxsize=256)
-def _duration(seconds: int) -> str:
-    """``4h``, ``1h30m``, ``90s``: as a person would write the time limit."""
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{n}{unit}" for n, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if n]
-    return "".join(parts) or "0s"

@@ -1022,3 +1022,78 @@ def test_a_node_selector_term_that_is_no_object_leaves_the_affinity_to_kube_sche
     assert pod.demand.selection is not None
     assert pod.demand.selection.terms is None
     assert any("node selector term" in p for p in pod.problems)
+
+
+# ================================================================ times (reservations)
+
+
+STARTS = [
+    pytest.param("2026-11-29T18:30:05Z", datetime(2026, 11, 29, 18, 30, 5, tzinfo=UTC), 0, id="z"),
+    pytest.param(
+        "2026-11-29T19:30:05+01:00", datetime(2026, 11, 29, 18, 30, 5, tzinfo=UTC), 0, id="offset"
+    ),
+    pytest.param(None, None, 0, id="not-started-yet"),
+    pytest.param("yesterday", None, 1, id="not-a-time"),
+    pytest.param(1764441005, None, 1, id="a-number"),
+]
+
+
+@pytest.mark.parametrize(("value", "expected", "problems"), STARTS)
+def test_a_bound_pods_start_time_is_where_its_time_limit_runs_from(
+    value: Any, expected: datetime | None, problems: int
+) -> None:
+    obj = pod_json(gpus=1, node="gpu-a", gpu_indices="0", phase="Running", active_deadline_s=60)
+    if value is not None:
+        obj["status"]["startTime"] = value
+    pod = pod_from_json(obj)
+    assert pod.started_at == expected
+    assert len(pod.problems) == problems
+    assert all("status.startTime" in p for p in pod.problems)
+
+
+def test_a_pending_pod_has_no_start_time() -> None:
+    obj = pod_json(gpus=1)
+    obj["status"]["startTime"] = "2026-11-29T18:30:05Z"  # not bound: nothing runs yet
+    assert pod_from_json(obj).started_at is None
+
+
+def test_members_started_in_one_second_share_one_time_object() -> None:
+    objs = [pod_json(f"train-{i}", gpus=8, node=f"gpu-{i}", phase="Running") for i in range(2)]
+    for obj in objs:
+        obj["status"]["startTime"] = "2026-11-29T18:30:05Z"
+    first, second = (pod_from_json(obj) for obj in objs)
+    assert first.started_at is second.started_at
+
+
+def test_a_waiting_gang_member_keeps_its_creation_time_and_priority() -> None:
+    obj = pod_json(gpus=8, gang="team-nlp.train", gang_size=4)
+    obj["spec"]["priority"] = 1000
+    pod = pod_from_json(obj)
+    assert pod.created_at == datetime(2026, 11, 29, 18, 28, 1, tzinfo=UTC)
+    assert pod.priority == 1000
+    assert pod.problems == ()
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        pytest.param(pod_json(gpus=8), id="no-gang"),
+        pytest.param(
+            pod_json(gpus=8, gang="team-nlp.train", node="gpu-a", phase="Running"), id="bound"
+        ),
+    ],
+)
+def test_creation_time_and_priority_are_kept_only_for_gang_members_waiting(
+    obj: dict[str, Any],
+) -> None:
+    obj["spec"]["priority"] = 1000
+    pod = pod_from_json(obj)
+    assert (pod.created_at, pod.priority) == (None, 0)
+
+
+def test_an_unreadable_priority_is_reported_and_read_as_zero() -> None:
+    obj = pod_json(gpus=8, gang="team-nlp.train", gang_size=4)
+    obj["spec"]["priority"] = "high"
+    pod = pod_from_json(obj)
+    assert pod.priority == 0
+    assert pod.problems == ("spec.priority='high' is not an integer; ignored",)

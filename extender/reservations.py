@@ -1,0 +1,596 @@
+"""Reservations: a gang that cannot start now is promised the domain whose pods end
+soonest by their time limits; other pods may start there meanwhile only if they end in
+time (backfill).
+
+Layer: PURE. Functions of nodes, the pods holding their GPUs, gangs and ``now``: no
+I/O, no clock, no settings, no aiohttp, no cache; the bound on reservations and the
+grace for an overrun arrive as ``ReservationRules``. Must not place pods or choose GPUs
+(the filters and ``extender.gpus`` do), must not keep reservations anywhere (a caller
+holds the last ``Plan`` and hands its reservations back), and is not yet called by the
+extender's filter pipeline: the load test's reservation study runs it
+(``loadtest.reservations``).
+
+How a plan is made (``plan_reservations``), gang by gang in order (the higher priority
+first, then the oldest), at most ``max_reservations`` of them:
+
+* Each node's *outlook* for one member shape (``node_outlook``): how many members it
+  holds now and from which time on it holds more, as the pods on it end by their time
+  limits (``started_at`` + ``activeDeadlineSeconds``). A pod without a time limit never
+  ends as far as the outlook knows: the members it blocks count only as ``blocked``. A
+  pod past its limit is taken to end ``overrun_grace`` after now: it pushes the
+  estimate, it never breaks a reservation.
+* A domain's *estimate* (``estimate_domain``): the first time its nodes hold the gang's
+  members together, and the nodes that do. A node promised to someone else
+  (maintenance, or an earlier gang's reservation: ``extender.promises``) counts only
+  while the gang, starting then, would end by that promise.
+* The gang's domain: the one it holds if it holds one (a reservation sticks to its
+  domain: hopping would waste the GPUs held idle so far), else the earliest estimate;
+  ties go to the domain whose free GPUs are least fragmented (``gpus.fragmentation``),
+  and domains whose start is unknown (waiting on pods without a time limit) come last.
+  An estimate of ``now`` means the gang fits now: it is placed, not reserved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+from cluster.model import (
+    Allocation,
+    GangId,
+    NodeName,
+    NodeState,
+    PodDemand,
+    PodKey,
+    TopologyMode,
+    product_matches,
+)
+from cluster.snapshot import Snapshot, apply_allocation
+from extender.config import ExtenderConfig
+from extender.context import FIT, Verdict
+from extender.gpus import fragmentation, pod_fits
+from extender.promises import Promise, latest_start, promise_verdict
+
+ANYWHERE: Final = ""
+"""The one domain of a gang without a topology level: every node that may hold it."""
+_FOREVER: Final = datetime.max.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class ReservationRules:
+    max_reservations: int = 8
+    """Gangs that hold a reservation at once; the others wait without one."""
+    overrun_grace: timedelta = timedelta(seconds=60)
+    """A pod still running past its time limit is taken to end this long after now."""
+
+    def __post_init__(self) -> None:
+        if self.max_reservations < 0 or self.overrun_grace <= timedelta(0):
+            raise ValueError(f"reservations: a bound >= 0 and a grace > 0, not {self!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """A pod holding GPUs (and CPU) on a node until ``ends`` (None: no time limit)."""
+
+    allocation: Allocation
+    ends: datetime | None
+    cpu_milli: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GangDemand:
+    """A gang waiting to start: ``members`` pods of ``member`` together, in one domain
+    of the level labelled ``level`` (None: anywhere)."""
+
+    gang: GangId
+    member: PodDemand
+    members: int
+    level: str | None
+    since: datetime
+    """When it started waiting: the oldest gang is served first."""
+    priority: int = 0
+
+    @property
+    def order(self) -> tuple[int, datetime, str]:
+        return (-self.priority, self.since, self.gang)
+
+
+@dataclass(frozen=True, slots=True)
+class Outlook:
+    """How many members of one shape a node holds: ``now``, from each step's time on
+    (rising), and ``blocked`` once pods without a time limit are gone too."""
+
+    name: NodeName
+    now: int
+    steps: tuple[tuple[datetime, int], ...] = ()
+    blocked: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """When ``nodes`` of ``domain`` hold the gang together: ``start`` (None: unknown,
+    they wait on pods without a time limit)."""
+
+    domain: str
+    start: datetime | None
+    nodes: tuple[NodeName, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """``nodes`` of ``domain`` promised to ``gang`` from ``start`` (None: unknown)."""
+
+    gang: GangId
+    domain: str
+    nodes: tuple[NodeName, ...]
+    start: datetime | None
+
+    @property
+    def promise(self) -> Promise:
+        return Promise(self.start, self.gang)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What ``plan_reservations`` decided for the waiting gangs, in their order."""
+
+    reservations: tuple[Reservation, ...] = ()
+    fits_now: tuple[tuple[GangId, Estimate], ...] = ()
+    """Gangs with a domain that holds them now (and which): to place, not reserve."""
+    unplaceable: tuple[GangId, ...] = ()
+    """Gangs no domain can ever hold (too few nodes that may take a member)."""
+    unreserved: tuple[GangId, ...] = ()
+    """Gangs past the bound on reservations: they wait without one."""
+
+    def promises(self) -> dict[NodeName, Promise]:
+        """Per reserved node, its reservation's promise."""
+        return {name: r.promise for r in self.reservations for name in r.nodes}
+
+
+# ---------------------------------------------------------------- from a snapshot
+
+
+def holdings(snapshot: Snapshot, now: datetime) -> dict[NodeName, tuple[Holding, ...]]:
+    """The pods holding GPUs on each node and when their time limits end: from the pod's
+    start (``started_at``; a pod bound but not started yet starts now) plus its time
+    limit; a pod the snapshot does not describe has none."""
+    found: dict[NodeName, list[Holding]] = {}
+    for key, allocation in snapshot.allocations.items():
+        pod = snapshot.pods.get(key)
+        ends = cpu = None
+        if pod is not None:
+            limit = pod.demand.time_limit_s
+            if limit is not None:
+                ends = (pod.started_at or now) + timedelta(seconds=limit)
+            cpu = pod.demand.cpu_milli
+        found.setdefault(allocation.node, []).append(Holding(allocation, ends, cpu or 0))
+    return {name: tuple(held) for name, held in found.items()}
+
+
+def gang_demands(
+    snapshot: Snapshot, config: ExtenderConfig, now: datetime
+) -> tuple[GangDemand, ...]:
+    """Gangs whose members wait and none of which is placed, in their order: a gang
+    waits since its oldest member was created, at its highest member's priority. A
+    ``required`` level the config does not know leaves the gang out (no domain can be
+    named); ``preferred`` is no constraint for a reservation."""
+    waiting: dict[GangId, list[PodKey]] = {}
+    for key, pod in snapshot.pods.items():
+        gang = pod.demand.gang
+        if gang is not None and pod.node is None and not snapshot.gangs.get(gang.id):
+            waiting.setdefault(gang.id, []).append(key)
+    demands = []
+    for gang_id, keys in waiting.items():
+        pods = [snapshot.pods[key] for key in keys]
+        first = pods[0].demand
+        assert first.gang is not None
+        level: str | None = None
+        topology = first.topology
+        if topology is not None and topology.mode is TopologyMode.REQUIRED:
+            found = config.level(topology.level)
+            if found is None:
+                continue
+            level = found.node_label
+        since = min((p.created_at for p in pods if p.created_at is not None), default=now)
+        priority = max(p.priority for p in pods)
+        demands.append(GangDemand(gang_id, first, first.gang.min_count, level, since, priority))
+    return tuple(sorted(demands, key=lambda d: d.order))
+
+
+def node_promises(node: NodeState, reservations: Iterable[Reservation]) -> tuple[Promise, ...]:
+    """Everything ``node`` is promised to, earliest first: its maintenance window
+    (``tessera.dev/drain-after``) and the reservations that hold it."""
+    found = [r.promise for r in reservations if node.name in r.nodes]
+    if node.drain_after is not None:
+        found.append(Promise(node.drain_after))
+    return tuple(sorted(found, key=_promise_order))
+
+
+def _promise_order(promise: Promise) -> tuple[bool, datetime]:
+    """Earliest first, a promise from an unknown time before all: nothing may go there."""
+    return (promise.start is not None, promise.start or _FOREVER)
+
+
+def backfill_verdict(
+    node: str,
+    promises: Sequence[Promise],
+    *,
+    pod_gang: GangId | None,
+    ends: datetime | None,
+    limit_s: int | None,
+    now: datetime,
+) -> Verdict:
+    """Whether a pod whose time limit ends at ``ends`` may start on ``node`` under its
+    ``promises`` (``node_promises``): it must end by every one of them, but its own
+    gang's reservation, which is for it."""
+    for promise in promises:
+        if promise.gang is not None and promise.gang == pod_gang:
+            continue
+        verdict = promise_verdict(promise, node, ends, limit_s, now)
+        if verdict is not FIT:
+            return verdict
+    return FIT
+
+
+# ---------------------------------------------------------------- one node
+
+
+def node_outlook(
+    node: NodeState,
+    held: Sequence[Holding],
+    member: PodDemand,
+    now: datetime,
+    *,
+    rules: ReservationRules,
+    islands_required: bool,
+) -> Outlook:
+    """How many ``member`` pods ``node`` holds now and as its pods end (see the module
+    docstring). CPU counts as well as GPUs when the node says how much it has. Valid at
+    ``now``: a caller that keeps an outlook recomputes it once a pod's end has passed."""
+    known = sorted(
+        (_clamp(h.ends, now, rules), i) for i, h in enumerate(held) if h.ends is not None
+    )
+    state = node
+    last = _members(state, member, islands_required)
+    steps: list[tuple[datetime, int]] = [(now, last)]
+    for ends, i in known:
+        state = _release(state, held[i])
+        members = _members(state, member, islands_required)
+        if members > last:
+            if steps[-1][0] == ends:
+                steps.pop()  # pods ending at one time free their GPUs together
+            steps.append((ends, members))
+            last = members
+    for holding in held:
+        if holding.ends is None:
+            state = _release(state, holding)
+    blocked = _members(state, member, islands_required)
+    return Outlook(node.name, steps[0][1], tuple(steps[1:]), blocked)
+
+
+def _clamp(ends: datetime, now: datetime, rules: ReservationRules) -> datetime:
+    """A pod past its time limit still holds its GPUs: it ends a grace after now."""
+    return ends if ends >= now else now + rules.overrun_grace
+
+
+def _release(node: NodeState, holding: Holding) -> NodeState:
+    try:
+        freed = apply_allocation(node, holding.allocation, -1)
+    except ValueError:
+        return node  # GPUs the node does not have: nothing there to give back
+    if holding.cpu_milli:
+        freed = replace(
+            freed, cpu_requested_milli=max(0, freed.cpu_requested_milli - holding.cpu_milli)
+        )
+    return freed
+
+
+def _members(node: NodeState, member: PodDemand, islands_required: bool) -> int:
+    fits = pod_fits(node, member, islands_required)
+    if member.cpu_milli > 0 and node.cpu_milli > 0:
+        fits = min(fits, node.cpu_free_milli // member.cpu_milli)
+    return fits
+
+
+# ---------------------------------------------------------------- one domain
+
+
+def estimate_domain(
+    domain: str,
+    outlooks: Sequence[Outlook],
+    members: int,
+    *,
+    limit_s: int | None,
+    promised: Mapping[NodeName, Promise],
+    now: datetime,
+) -> Estimate | None:
+    """The first time at or after ``now`` that the nodes of ``outlooks`` hold
+    ``members`` together, and the fewest nodes that do (those with room earliest, then
+    the most room, then by name); start None when only pods without a time limit stand
+    in the way; None when even that is not enough. A node ``promised`` to someone else
+    counts only up to the latest start from which a gang with time limit ``limit_s``
+    still ends by the promise (``promises.latest_start``)."""
+    usable: list[Outlook] = []
+    cutoffs: list[tuple[datetime, NodeName]] = []
+    for outlook in outlooks:
+        promise = promised.get(outlook.name)
+        if promise is not None:
+            last = latest_start(limit_s, promise.start)
+            if last is None or last < now:
+                continue
+            cutoffs.append((last, outlook.name))
+        usable.append(outlook)
+    found = _sweep(usable, sorted(cutoffs), members, now)
+    if found is not None:
+        return Estimate(domain, found[0], found[1])
+    promised_here = {name for _, name in cutoffs}
+    blocked = [o for o in usable if o.name not in promised_here and o.blocked > 0]
+    if sum(o.blocked for o in blocked) < members:
+        return None
+    blocked.sort(key=lambda o: (-o.now, -o.blocked, o.name))
+    return Estimate(domain, None, _enough([(o.name, o.blocked) for o in blocked], members))
+
+
+def _sweep(
+    usable: Sequence[Outlook],
+    cutoffs: Sequence[tuple[datetime, NodeName]],
+    members: int,
+    now: datetime,
+) -> tuple[datetime, tuple[NodeName, ...]] | None:
+    """Walk the steps of ``usable`` in time order, dropping each node once past its
+    cutoff, until they hold ``members``: (when, which nodes)."""
+    holds = {o.name: o.now for o in usable}
+    since = dict.fromkeys(holds, now)
+    total = sum(holds.values())
+    steps = sorted((t, o.name, m) for o in usable for t, m in o.steps)
+    at = cut = 0
+    when = now
+    while True:
+        while cut < len(cutoffs) and cutoffs[cut][0] < when:
+            total -= holds.pop(cutoffs[cut][1], 0)
+            cut += 1
+        while at < len(steps) and steps[at][0] <= when:
+            _, name, count = steps[at]
+            if name in holds:
+                total += count - holds[name]
+                holds[name], since[name] = count, when
+            at += 1
+        if total >= members:
+            room = sorted(
+                (n for n, m in holds.items() if m), key=lambda n: (since[n], -holds[n], n)
+            )
+            return when, _enough([(n, holds[n]) for n in room], members)
+        if at >= len(steps):
+            return None
+        when = steps[at][0]
+
+
+def _enough(ranked: Sequence[tuple[NodeName, int]], members: int) -> tuple[NodeName, ...]:
+    """The first of ``ranked`` (node, members it holds) that hold ``members`` together."""
+    chosen: list[NodeName] = []
+    total = 0
+    for name, count in ranked:
+        if total >= members:
+            break
+        chosen.append(name)
+        total += count
+    return tuple(chosen)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+class OutlookMemo:
+    """What one caller's plans share (a plan without one makes its own): each node's
+    outlook by member shape while the node object and its holdings object are the same
+    ones and no pod there has passed its end; the domains of a shape at a level, and the
+    maintenance windows, for one ``nodes`` mapping object. A caller that changes a
+    node's labels, products, health or drain time in place must ``clear`` it."""
+
+    __slots__ = ("_domains", "_drains", "_outlooks")
+
+    def __init__(self) -> None:
+        self._outlooks: dict[tuple[NodeName, int, int, int, bool], _KeptOutlook] = {}
+        self._domains: dict[tuple[object, ...], tuple[object, dict[str, tuple[NodeName, ...]]]] = {}
+        self._drains: tuple[object, dict[NodeName, Promise]] | None = None
+
+    def clear(self) -> None:
+        self._outlooks.clear()
+        self._domains.clear()
+        self._drains = None
+
+    def outlook(
+        self,
+        node: NodeState,
+        held: Sequence[Holding],
+        member: PodDemand,
+        now: datetime,
+        *,
+        rules: ReservationRules,
+        islands_required: bool,
+    ) -> Outlook:
+        key = (node.name, member.gpus, member.gpu_milli, member.cpu_milli, islands_required)
+        kept = self._outlooks.get(key)
+        if kept is not None and kept.node is node and kept.held is held and now <= kept.until:
+            return kept.outlook
+        outlook = node_outlook(
+            node, held, member, now, rules=rules, islands_required=islands_required
+        )
+        until = min((h.ends for h in held if h.ends is not None), default=_FOREVER)
+        self._outlooks[key] = _KeptOutlook(node, held, until, outlook)
+        return outlook
+
+    def domains(
+        self,
+        nodes: Mapping[NodeName, NodeState],
+        member: PodDemand,
+        level: str | None,
+        config: ExtenderConfig,
+    ) -> dict[str, tuple[NodeName, ...]]:
+        """The nodes that may ever hold a ``member`` (schedulable, an accepted product,
+        enough healthy GPUs), by their domain at ``level`` (``ANYWHERE`` without one)."""
+        key = (level, member.gpus, member.gpu_milli, member.products, config.islands_required)
+        kept = self._domains.get(key)
+        if kept is not None and kept[0] is nodes:
+            return kept[1]
+        groups: dict[str, list[NodeName]] = {}
+        for name, node in nodes.items():
+            value = ANYWHERE if level is None else node.domains.get(level)
+            if value is not None and _may_hold(node, member, config.islands_required):
+                groups.setdefault(value, []).append(name)
+        found = {value: tuple(names) for value, names in groups.items()}
+        self._domains[key] = (nodes, found)
+        return found
+
+    def drains(self, nodes: Mapping[NodeName, NodeState]) -> dict[NodeName, Promise]:
+        """The maintenance windows of ``nodes``, as promises."""
+        if self._drains is None or self._drains[0] is not nodes:
+            found = {n: Promise(s.drain_after) for n, s in nodes.items() if s.drain_after}
+            self._drains = (nodes, found)
+        return self._drains[1]
+
+
+@dataclass(frozen=True, slots=True)
+class _KeptOutlook:
+    node: NodeState
+    held: Sequence[Holding]
+    until: datetime
+    outlook: Outlook
+
+
+def _may_hold(node: NodeState, member: PodDemand, islands_required: bool) -> bool:
+    if node.unschedulable:
+        return False
+    if member.products and not any(product_matches(p, node.product) for p in member.products):
+        return False
+    return pod_fits(node, member, islands_required, empty=True) > 0
+
+
+@dataclass(frozen=True, slots=True)
+class PlanInput:
+    """The cluster as a plan reads it: nodes, the pods holding GPUs on each, the config."""
+
+    nodes: Mapping[NodeName, NodeState]
+    holdings: Mapping[NodeName, Sequence[Holding]]
+    config: ExtenderConfig
+    rules: ReservationRules = field(default_factory=ReservationRules)
+    memo: OutlookMemo = field(default_factory=OutlookMemo, compare=False)
+
+
+def plan_reservations(
+    gangs: Sequence[GangDemand],
+    cluster: PlanInput,
+    held: Mapping[GangId, Reservation],
+    now: datetime,
+) -> Plan:
+    """Reservations for the waiting ``gangs`` (see the module docstring): the gangs in
+    their order, each given the domain it ``held`` or else the best estimate, until
+    ``max_reservations`` are made; what the earlier gangs were given (and maintenance
+    windows) is promised away from the later ones."""
+    promised = dict(cluster.memo.drains(cluster.nodes))
+    made: list[Reservation] = []
+    fits: list[tuple[GangId, Estimate]] = []
+    never: list[GangId] = []
+    over: list[GangId] = []
+    for gang in sorted(gangs, key=lambda g: g.order):
+        if len(made) >= cluster.rules.max_reservations:
+            over.append(gang.gang)
+            continue
+        estimate = _gang_estimate(gang, cluster, held.get(gang.gang), promised, now)
+        if estimate is None:
+            never.append(gang.gang)
+            continue
+        if estimate.start == now:
+            fits.append((gang.gang, estimate))
+            promise = Promise(now, gang.gang)  # it is placed there now: nobody else counts on it
+        else:
+            made.append(Reservation(gang.gang, estimate.domain, estimate.nodes, estimate.start))
+            promise = made[-1].promise
+        for name in estimate.nodes:
+            earlier = promised.get(name)
+            if earlier is None or _promise_order(promise) < _promise_order(earlier):
+                promised[name] = promise
+    return Plan(tuple(made), tuple(fits), tuple(never), tuple(over))
+
+
+def _gang_estimate(
+    gang: GangDemand,
+    cluster: PlanInput,
+    old: Reservation | None,
+    promised: Mapping[NodeName, Promise],
+    now: datetime,
+) -> Estimate | None:
+    groups = cluster.memo.domains(cluster.nodes, gang.member, gang.level, cluster.config)
+    if old is not None:
+        names = old.nodes if gang.level is None else groups.get(old.domain, ())
+        kept = _estimate(gang, old.domain, names, cluster, promised=promised, now=now)
+        if kept is not None:
+            return kept
+    estimates = [
+        found
+        for domain, names in groups.items()
+        if (found := _estimate(gang, domain, names, cluster, promised=promised, now=now))
+        is not None
+    ]
+    return choose_estimate(estimates, cluster, groups)
+
+
+def _estimate(
+    gang: GangDemand,
+    domain: str,
+    names: Sequence[NodeName],
+    cluster: PlanInput,
+    *,
+    promised: Mapping[NodeName, Promise],
+    now: datetime,
+) -> Estimate | None:
+    islands = cluster.config.islands_required
+    outlooks = [
+        cluster.memo.outlook(
+            cluster.nodes[name],
+            cluster.holdings.get(name, ()),
+            gang.member,
+            now,
+            rules=cluster.rules,
+            islands_required=islands,
+        )
+        for name in names
+        if name in cluster.nodes
+    ]
+    return estimate_domain(
+        domain,
+        outlooks,
+        gang.members,
+        limit_s=gang.member.time_limit_s,
+        promised=promised,
+        now=now,
+    )
+
+
+def choose_estimate(
+    estimates: Sequence[Estimate],
+    cluster: PlanInput,
+    groups: Mapping[str, Sequence[NodeName]],
+) -> Estimate | None:
+    """The earliest estimate; a known start before an unknown one; among equal starts,
+    the domain whose free GPUs are least fragmented for the pod mix, then by name."""
+    if not estimates:
+        return None
+    first = min(_start_order(e) for e in estimates)
+    tied = [e for e in estimates if _start_order(e) == first]
+    if len(tied) == 1:
+        return tied[0]
+    config = cluster.config
+
+    def fragmented(estimate: Estimate) -> tuple[float, str]:
+        nodes = (cluster.nodes[n] for n in groups.get(estimate.domain, estimate.nodes))
+        lost = sum(fragmentation(n, config.pod_mix, config.islands_required) for n in nodes)
+        return lost, estimate.domain
+
+    return min(tied, key=fragmented)
+
+
+def _start_order(estimate: Estimate) -> tuple[bool, datetime]:
+    return (estimate.start is None, estimate.start or _FOREVER)
