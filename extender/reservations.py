@@ -23,23 +23,31 @@ first, then the oldest), at most ``max_reservations`` of them:
   members together, and the nodes that do. A node promised to someone else
   (maintenance, or an earlier gang's reservation: ``extender.promises``) counts only
   while the gang, starting then, would end by that promise.
-* The gang's domain: the one it holds if it holds one (a reservation sticks to its
-  domain: hopping would waste the GPUs held idle so far), else the earliest estimate;
-  ties go to the domain whose free GPUs are least fragmented (``gpus.fragmentation``),
-  and domains whose start is unknown (waiting on pods without a time limit) come last.
-  An estimate of ``now`` means the gang fits now: it is placed, not reserved.
+* The gang's domain: the earliest estimate, chosen again at every plan, so that a
+  reservation follows the domain that frees soonest as pods end before their limits.
+  (Keeping the first choice made the largest gangs of the load test's reservation
+  study wait longer than with no reservation at all: time limits overstate how long
+  pods run, and pods backfilled up to a start that was too late keep the rack busy
+  until then.) Ties keep the domain the gang holds, then go to the domain whose free
+  GPUs are least fragmented (``gpus.fragmentation``); domains whose start is unknown
+  (waiting on pods without a time limit) come last. An estimate of ``now`` means the
+  gang fits now: it is placed, not reserved.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from operator import is_
 from typing import Final
 
 from cluster.model import (
+    MILLI_PER_GPU,
     Allocation,
     GangId,
+    GpuDevice,
     NodeName,
     NodeState,
     PodDemand,
@@ -47,10 +55,10 @@ from cluster.model import (
     TopologyMode,
     product_matches,
 )
-from cluster.snapshot import Snapshot, apply_allocation
+from cluster.snapshot import Snapshot
 from extender.config import ExtenderConfig
 from extender.context import FIT, Verdict
-from extender.gpus import fragmentation, pod_fits
+from extender.gpus import fragmentation, gpus_fit, pod_fits
 from extender.promises import Promise, latest_start, promise_verdict
 
 ANYWHERE: Final = ""
@@ -252,12 +260,14 @@ def node_outlook(
     known = sorted(
         (_clamp(h.ends, now, rules), i) for i, h in enumerate(held) if h.ends is not None
     )
-    state = node
-    last = _members(state, member, islands_required)
+    state = _Freeing(node, member, islands_required)
+    last = state.members()
     steps: list[tuple[datetime, int]] = [(now, last)]
     for ends, i in known:
-        state = _release(state, held[i])
-        members = _members(state, member, islands_required)
+        state.release(held[i])
+        if not state.could_hold(last + 1):
+            continue  # (most steps: GPUs freed that no member can use yet)
+        members = state.members()
         if members > last:
             if steps[-1][0] == ends:
                 steps.pop()  # pods ending at one time free their GPUs together
@@ -265,9 +275,8 @@ def node_outlook(
             last = members
     for holding in held:
         if holding.ends is None:
-            state = _release(state, holding)
-    blocked = _members(state, member, islands_required)
-    return Outlook(node.name, steps[0][1], tuple(steps[1:]), blocked)
+            state.release(holding)
+    return Outlook(node.name, steps[0][1], tuple(steps[1:]), state.members())
 
 
 def _clamp(ends: datetime, now: datetime, rules: ReservationRules) -> datetime:
@@ -275,23 +284,54 @@ def _clamp(ends: datetime, now: datetime, rules: ReservationRules) -> datetime:
     return ends if ends >= now else now + rules.overrun_grace
 
 
-def _release(node: NodeState, holding: Holding) -> NodeState:
-    try:
-        freed = apply_allocation(node, holding.allocation, -1)
-    except ValueError:
-        return node  # GPUs the node does not have: nothing there to give back
-    if holding.cpu_milli:
-        freed = replace(
-            freed, cpu_requested_milli=max(0, freed.cpu_requested_milli - holding.cpu_milli)
+class _Freeing:
+    """A node's GPUs and CPU as its pods give them back, one pod at a time: GPUs as a
+    list, not a ``NodeState`` per step (an outlook releases every pod of the node)."""
+
+    __slots__ = ("cpu_free", "gpus", "islands_required", "member", "where", "whole_free")
+
+    def __init__(self, node: NodeState, member: PodDemand, islands_required: bool) -> None:
+        self.gpus = list(node.gpus)
+        self.where = {gpu.index: at for at, gpu in enumerate(node.gpus)}
+        self.cpu_free = node.cpu_free_milli if node.cpu_milli > 0 else None
+        self.member = member
+        self.islands_required = islands_required
+        self.whole_free = sum(1 for gpu in node.gpus if gpu.whole_free)
+
+    def could_hold(self, members: int) -> bool:
+        """False when the node surely cannot hold ``members`` yet (too few whole free
+        GPUs, or too little CPU); True when it may (``members`` says for sure)."""
+        member = self.member
+        if member.gpus > 0 and self.whole_free < members * member.gpus:
+            return False
+        return not (
+            member.cpu_milli > 0
+            and self.cpu_free is not None
+            and self.cpu_free < members * member.cpu_milli
         )
-    return freed
 
+    def release(self, holding: Holding) -> None:
+        places: list[int] = []
+        for index in holding.allocation.indices:
+            at = self.where.get(index)
+            if at is None:
+                return  # GPUs the node does not have: nothing there to give back
+            places.append(at)
+        back = holding.allocation.milli_per_gpu
+        for at in places:
+            gpu = self.gpus[at]
+            free = min(MILLI_PER_GPU, gpu.free_milli + back)
+            self.gpus[at] = freed = GpuDevice(gpu.index, gpu.island, gpu.healthy, free)
+            self.whole_free += freed.whole_free and not gpu.whole_free
+        if self.cpu_free is not None:
+            self.cpu_free += holding.cpu_milli
 
-def _members(node: NodeState, member: PodDemand, islands_required: bool) -> int:
-    fits = pod_fits(node, member, islands_required)
-    if member.cpu_milli > 0 and node.cpu_milli > 0:
-        fits = min(fits, node.cpu_free_milli // member.cpu_milli)
-    return fits
+    def members(self) -> int:
+        member = self.member
+        fits = gpus_fit(self.gpus, member, self.islands_required)
+        if member.cpu_milli > 0 and self.cpu_free is not None:
+            fits = min(fits, self.cpu_free // member.cpu_milli)
+        return fits
 
 
 # ---------------------------------------------------------------- one domain
@@ -379,6 +419,50 @@ def _enough(ranked: Sequence[tuple[NodeName, int]], members: int) -> tuple[NodeN
     return tuple(chosen)
 
 
+@dataclass(frozen=True, slots=True)
+class DomainTotals:
+    """How many members a domain's nodes hold together: ``totals[i]`` from
+    ``times[i]`` on (rising; ``times[0]`` is when it was counted), ``blocked`` once
+    pods without a time limit are gone too. No promise is counted: what
+    ``estimate_domain`` says of a domain none of whose nodes is promised away."""
+
+    times: tuple[datetime, ...]
+    totals: tuple[int, ...]
+    blocked: int
+
+    def holds(self, members: int) -> bool:
+        """Whether the domain ever holds ``members``, if only once pods without a limit end."""
+        return self.totals[-1] >= members or self.blocked >= members
+
+    def start(self, members: int, now: datetime) -> datetime | None:
+        """When the domain holds ``members`` (``holds``): a time at or after ``now``, or
+        None when only pods without a time limit stand in the way."""
+        at = bisect_left(self.totals, members)
+        return max(self.times[at], now) if at < len(self.totals) else None
+
+
+def domain_totals(outlooks: Sequence[Outlook], now: datetime) -> DomainTotals:
+    """The ``DomainTotals`` of nodes with these ``outlooks``."""
+    base = blocked = 0
+    rises: list[tuple[datetime, int]] = []
+    for outlook in outlooks:
+        base += outlook.now
+        blocked += outlook.blocked
+        last = outlook.now
+        for when, members in outlook.steps:
+            rises.append((when, members - last))
+            last = members
+    rises.sort()
+    times, totals = [now], [base]
+    for when, rise in rises:
+        if when <= times[-1]:
+            totals[-1] += rise
+        else:
+            times.append(when)
+            totals.append(totals[-1] + rise)
+    return DomainTotals(tuple(times), tuple(totals), blocked)
+
+
 # ---------------------------------------------------------------- the plan
 
 
@@ -387,17 +471,26 @@ class OutlookMemo:
     outlook by member shape while the node object and its holdings object are the same
     ones and no pod there has passed its end; the domains of a shape at a level, and the
     maintenance windows, for one ``nodes`` mapping object. A caller that changes a
-    node's labels, products, health or drain time in place must ``clear`` it."""
+    node's labels, products, health or drain time in place must ``clear`` it.
 
-    __slots__ = ("_domains", "_drains", "_outlooks")
+    A caller that says which nodes it changed (``told``, then ``changed`` before each
+    plan) spares every plan comparing each node of each domain with what its counts
+    were made of: only the domains of the nodes it names are counted again."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_domains", "_drains", "_outlooks", "_told", "_totals", "_within")
+
+    def __init__(self, *, told: bool = False) -> None:
+        self._told = told
+        self._within: dict[NodeName, list[tuple[str, int, int, int, bool]]] = {}
         self._outlooks: dict[tuple[NodeName, int, int, int, bool], _KeptOutlook] = {}
+        self._totals: dict[tuple[str, int, int, int, bool], _KeptTotals] = {}
         self._domains: dict[tuple[object, ...], tuple[object, dict[str, tuple[NodeName, ...]]]] = {}
         self._drains: tuple[object, dict[NodeName, Promise]] | None = None
 
     def clear(self) -> None:
         self._outlooks.clear()
+        self._totals.clear()
+        self._within.clear()
         self._domains.clear()
         self._drains = None
 
@@ -421,6 +514,54 @@ class OutlookMemo:
         until = min((h.ends for h in held if h.ends is not None), default=_FOREVER)
         self._outlooks[key] = _KeptOutlook(node, held, until, outlook)
         return outlook
+
+    def changed(self, names: Iterable[NodeName]) -> None:
+        """These nodes (or the pods on them) changed: the counts of their domains go."""
+        for name in names:
+            for key in self._within.pop(name, ()):
+                self._totals.pop(key, None)
+
+    def totals(
+        self,
+        domain: str,
+        names: Sequence[NodeName],
+        member: PodDemand,
+        cluster: PlanInput,
+        now: datetime,
+    ) -> DomainTotals:
+        """The ``DomainTotals`` of ``names`` for ``member``, kept while each node and its
+        holdings are the same objects and no pod there has passed its end."""
+        islands = cluster.config.islands_required
+        key = (domain, member.gpus, member.gpu_milli, member.cpu_milli, islands)
+        kept = self._totals.get(key)
+        if self._told and kept is not None and now <= kept.until:
+            return kept.totals
+        nodes, holdings = cluster.nodes, cluster.holdings
+        states = tuple(nodes[n] for n in names)
+        held = tuple(holdings.get(n, ()) for n in names)
+        if (
+            kept is not None
+            and now <= kept.until
+            and len(kept.states) == len(states)
+            and all(map(is_, kept.states, states))
+            and all(map(is_, kept.held, held))
+        ):
+            return kept.totals
+        outlooks = [
+            self.outlook(node, h, member, now, rules=cluster.rules, islands_required=islands)
+            for node, h in zip(states, held, strict=True)
+        ]
+        found = domain_totals(outlooks, now)
+        until = min((self._until(n, member, islands) for n in names), default=_FOREVER)
+        self._totals[key] = _KeptTotals(states, held, until, found)
+        if self._told:
+            for name in names:
+                self._within.setdefault(name, []).append(key)
+        return found
+
+    def _until(self, name: NodeName, member: PodDemand, islands: bool) -> datetime:
+        kept = self._outlooks.get((name, member.gpus, member.gpu_milli, member.cpu_milli, islands))
+        return _FOREVER if kept is None else kept.until
 
     def domains(
         self,
@@ -450,6 +591,14 @@ class OutlookMemo:
             found = {n: Promise(s.drain_after) for n, s in nodes.items() if s.drain_after}
             self._drains = (nodes, found)
         return self._drains[1]
+
+
+@dataclass(frozen=True, slots=True)
+class _KeptTotals:
+    states: tuple[NodeState, ...]
+    held: tuple[Sequence[Holding], ...]
+    until: datetime
+    totals: DomainTotals
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,10 +635,13 @@ def plan_reservations(
     now: datetime,
 ) -> Plan:
     """Reservations for the waiting ``gangs`` (see the module docstring): the gangs in
-    their order, each given the domain it ``held`` or else the best estimate, until
-    ``max_reservations`` are made; what the earlier gangs were given (and maintenance
-    windows) is promised away from the later ones."""
+    their order, each given the domain of the earliest estimate (on a tie, the one it
+    ``held``), until ``max_reservations`` are made; what the earlier gangs were given
+    (and maintenance windows) is promised away from the later ones."""
     promised = dict(cluster.memo.drains(cluster.nodes))
+    ranked: dict[tuple[object, ...], list[tuple[_Order, str]]] = {}
+    """Per gang shape, every domain by its start with no promise counted: made once a
+    plan, the same for every gang of that shape."""
     made: list[Reservation] = []
     fits: list[tuple[GangId, Estimate]] = []
     never: list[GangId] = []
@@ -498,7 +650,9 @@ def plan_reservations(
         if len(made) >= cluster.rules.max_reservations:
             over.append(gang.gang)
             continue
-        estimate = _gang_estimate(gang, cluster, held.get(gang.gang), promised, now)
+        estimate = _gang_estimate(
+            gang, cluster, held.get(gang.gang), promised=promised, now=now, ranked=ranked
+        )
         if estimate is None:
             never.append(gang.gang)
             continue
@@ -515,26 +669,93 @@ def plan_reservations(
     return Plan(tuple(made), tuple(fits), tuple(never), tuple(over))
 
 
+_Order = tuple[bool, datetime]
+
+
 def _gang_estimate(
     gang: GangDemand,
     cluster: PlanInput,
     old: Reservation | None,
+    *,
     promised: Mapping[NodeName, Promise],
     now: datetime,
+    ranked: dict[tuple[object, ...], list[tuple[_Order, str]]],
 ) -> Estimate | None:
+    """The estimate of the domain the gang is given. Domains are taken by their start
+    with no promise counted (``_ranked``), which is when they hold the gang unless a
+    node of theirs is promised away; those are estimated in full, which can only be
+    later. Once the next domain's start is later than the best found, none after it
+    can win: the earliest are ``_pick``ed among, and only the chosen one's nodes found."""
     groups = cluster.memo.domains(cluster.nodes, gang.member, gang.level, cluster.config)
-    if old is not None:
-        names = old.nodes if gang.level is None else groups.get(old.domain, ())
-        kept = _estimate(gang, old.domain, names, cluster, promised=promised, now=now)
-        if kept is not None:
-            return kept
-    estimates = [
-        found
-        for domain, names in groups.items()
-        if (found := _estimate(gang, domain, names, cluster, promised=promised, now=now))
-        is not None
-    ]
-    return choose_estimate(estimates, cluster, groups)
+    touched = _promised_domains(gang.level, promised, cluster.nodes)
+    full: dict[str, Estimate] = {}
+    found: list[tuple[_Order, str]] = []
+    best: _Order | None = None
+    for bound, domain in _ranked(gang, cluster, groups, now, ranked):
+        if best is not None and bound > best:
+            break
+        order = bound
+        if domain in touched:
+            estimate = _estimate(gang, domain, groups[domain], cluster, promised=promised, now=now)
+            if estimate is None:
+                continue
+            full[domain] = estimate
+            order = _start_order(estimate.start)
+        found.append((order, domain))
+        if best is None or order < best:
+            best = order
+    if best is None:
+        return None
+    tied = [domain for order, domain in found if order == best]
+    chosen = _pick(tied, cluster, groups, keep=None if old is None else old.domain)
+    kept = full.get(chosen)
+    if kept is None:
+        kept = _estimate(gang, chosen, groups[chosen], cluster, promised=promised, now=now)
+    return kept
+
+
+def _ranked(
+    gang: GangDemand,
+    cluster: PlanInput,
+    groups: Mapping[str, Sequence[NodeName]],
+    now: datetime,
+    ranked: dict[tuple[object, ...], list[tuple[_Order, str]]],
+) -> list[tuple[_Order, str]]:
+    """Every domain that can ever hold the gang, by when it does with no promise counted
+    (``DomainTotals``, kept by the memo), soonest first."""
+    member = gang.member
+    key = (
+        gang.level,
+        member.gpus,
+        member.gpu_milli,
+        member.cpu_milli,
+        member.products,
+        gang.members,
+    )
+    found = ranked.get(key)
+    if found is None:
+        found = []
+        for domain, names in groups.items():
+            totals = cluster.memo.totals(domain, names, member, cluster, now)
+            if totals.holds(gang.members):
+                found.append((_start_order(totals.start(gang.members, now)), domain))
+        found.sort()
+        ranked[key] = found
+    return found
+
+
+def _promised_domains(
+    level: str | None, promised: Mapping[NodeName, Promise], nodes: Mapping[NodeName, NodeState]
+) -> set[str]:
+    """The domains at ``level`` with a node promised away."""
+    if level is None:
+        return {ANYWHERE} if promised else set()
+    found = set()
+    for name in promised:
+        node = nodes.get(name)
+        if node is not None and (value := node.domains.get(level)) is not None:
+            found.add(value)
+    return found
 
 
 def _estimate(
@@ -569,28 +790,29 @@ def _estimate(
     )
 
 
-def choose_estimate(
-    estimates: Sequence[Estimate],
+def _pick(
+    tied: Sequence[str],
     cluster: PlanInput,
     groups: Mapping[str, Sequence[NodeName]],
-) -> Estimate | None:
-    """The earliest estimate; a known start before an unknown one; among equal starts,
-    the domain whose free GPUs are least fragmented for the pod mix, then by name."""
-    if not estimates:
-        return None
-    first = min(_start_order(e) for e in estimates)
-    tied = [e for e in estimates if _start_order(e) == first]
+    *,
+    keep: str | None,
+) -> str:
+    """Among domains of equal start: ``keep`` (the one the gang holds), else the one
+    whose free GPUs are least fragmented for the pod mix, then by name."""
     if len(tied) == 1:
         return tied[0]
+    if keep is not None and keep in tied:
+        return keep
     config = cluster.config
 
-    def fragmented(estimate: Estimate) -> tuple[float, str]:
-        nodes = (cluster.nodes[n] for n in groups.get(estimate.domain, estimate.nodes))
+    def fragmented(domain: str) -> tuple[float, str]:
+        nodes = (cluster.nodes[n] for n in groups[domain])
         lost = sum(fragmentation(n, config.pod_mix, config.islands_required) for n in nodes)
-        return lost, estimate.domain
+        return lost, domain
 
     return min(tied, key=fragmented)
 
 
-def _start_order(estimate: Estimate) -> tuple[bool, datetime]:
-    return (estimate.start is None, estimate.start or _FOREVER)
+def _start_order(start: datetime | None) -> tuple[bool, datetime]:
+    """Sooner first; a start not known after every known one."""
+    return (start is None, start or _FOREVER)

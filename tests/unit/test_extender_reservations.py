@@ -314,15 +314,23 @@ def test_a_short_gang_may_use_an_earlier_gangs_rack_before_its_start() -> None:
     assert [g for g, _ in plan.fits_now] == ["ns.quick"]
 
 
-def test_a_reservation_keeps_its_rack_when_another_would_now_be_sooner() -> None:
-    racks = [
+def test_a_reservation_moves_to_a_rack_that_became_sooner_and_keeps_its_own_on_a_tie() -> None:
+    held = {GangId("team-a.train-7"): Reservation(GangId("team-a.train-7"), "x", (), at(60))}
+    sooner = [
         busy("x1", "x", [(8, 50)]),
         busy("x2", "x"),
         busy("y1", "y", [(8, 10)]),
         busy("y2", "y"),
     ]
-    held = {GangId("team-a.train-7"): Reservation(GangId("team-a.train-7"), "x", (), at(60))}
-    plan = plan_reservations([gang()], cluster_of(*racks), held, NOW)
+    plan = plan_reservations([gang()], cluster_of(*sooner), held, NOW)
+    assert [(r.domain, r.start) for r in plan.reservations] == [("y", at(10))]
+    tied = [
+        busy("w1", "w", [(8, 50)]),
+        busy("w2", "w"),
+        busy("x1", "x", [(8, 50)]),
+        busy("x2", "x"),
+    ]
+    plan = plan_reservations([gang()], cluster_of(*tied), held, NOW)
     assert [(r.domain, r.start) for r in plan.reservations] == [("x", at(50))]
 
 
@@ -330,7 +338,7 @@ def test_a_pod_outliving_its_limit_pushes_the_start_and_keeps_the_reservation() 
     racks = [
         busy("x1", "x", [(8, -5)]),
         busy("x2", "x"),
-        busy("y1", "y", [(8, 0.5)]),
+        busy("y1", "y", [(8, 5)]),
         busy("y2", "y"),
     ]
     held = {GangId("team-a.train-7"): Reservation(GangId("team-a.train-7"), "x", (), at(-10))}
