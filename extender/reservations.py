@@ -13,12 +13,11 @@ extender's filter pipeline: the load test's reservation study runs it
 How a plan is made (``plan_reservations``), gang by gang in order (the higher priority
 first, then the oldest), at most ``max_reservations`` of them:
 
-* Each node's *outlook* for one member shape (``node_outlook``): how many members it
+* Each node's *outlook* (``extender.outlooks``): how many of the gang's members it
   holds now and from which time on it holds more, as the pods on it end by their time
-  limits (``started_at`` + ``activeDeadlineSeconds``). A pod without a time limit never
-  ends as far as the outlook knows: the members it blocks count only as ``blocked``. A
-  pod past its limit is taken to end ``overrun_grace`` after now: it pushes the
-  estimate, it never breaks a reservation.
+  limits. A pod without a time limit never ends as far as it knows; a pod past its
+  limit is taken to end ``overrun_grace`` after now: it pushes the estimate, it never
+  breaks a reservation.
 * A domain's *estimate* (``estimate_domain``): the first time its nodes hold the gang's
   members together, and the nodes that do. A node promised to someone else
   (maintenance, or an earlier gang's reservation: ``extender.promises``) counts only
@@ -36,33 +35,19 @@ first, then the oldest), at most ``max_reservations`` of them:
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from operator import is_
 from typing import Final
 
-from cluster.model import (
-    MILLI_PER_GPU,
-    Allocation,
-    GangId,
-    GpuDevice,
-    NodeName,
-    NodeState,
-    PodDemand,
-    PodKey,
-    TopologyMode,
-    product_matches,
-)
+from cluster.model import GangId, NodeName, NodeState, PodDemand, PodKey, TopologyMode
 from cluster.snapshot import Snapshot
 from extender.config import ExtenderConfig
 from extender.context import FIT, Verdict
-from extender.gpus import fragmentation, gpus_fit, pod_fits
+from extender.gpus import fragmentation
+from extender.outlooks import ANYWHERE, Holding, Outlook, OutlookMemo
 from extender.promises import Promise, latest_start, promise_verdict
 
-ANYWHERE: Final = ""
-"""The one domain of a gang without a topology level: every node that may hold it."""
 _FOREVER: Final = datetime.max.replace(tzinfo=UTC)
 
 
@@ -76,15 +61,6 @@ class ReservationRules:
     def __post_init__(self) -> None:
         if self.max_reservations < 0 or self.overrun_grace <= timedelta(0):
             raise ValueError(f"reservations: a bound >= 0 and a grace > 0, not {self!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class Holding:
-    """A pod holding GPUs (and CPU) on a node until ``ends`` (None: no time limit)."""
-
-    allocation: Allocation
-    ends: datetime | None
-    cpu_milli: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,17 +79,6 @@ class GangDemand:
     @property
     def order(self) -> tuple[int, datetime, str]:
         return (-self.priority, self.since, self.gang)
-
-
-@dataclass(frozen=True, slots=True)
-class Outlook:
-    """How many members of one shape a node holds: ``now``, from each step's time on
-    (rising), and ``blocked`` once pods without a time limit are gone too."""
-
-    name: NodeName
-    now: int
-    steps: tuple[tuple[datetime, int], ...] = ()
-    blocked: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,98 +207,6 @@ def backfill_verdict(
     return FIT
 
 
-# ---------------------------------------------------------------- one node
-
-
-def node_outlook(
-    node: NodeState,
-    held: Sequence[Holding],
-    member: PodDemand,
-    now: datetime,
-    *,
-    rules: ReservationRules,
-    islands_required: bool,
-) -> Outlook:
-    """How many ``member`` pods ``node`` holds now and as its pods end (see the module
-    docstring). CPU counts as well as GPUs when the node says how much it has. Valid at
-    ``now``: a caller that keeps an outlook recomputes it once a pod's end has passed."""
-    known = sorted(
-        (_clamp(h.ends, now, rules), i) for i, h in enumerate(held) if h.ends is not None
-    )
-    state = _Freeing(node, member, islands_required)
-    last = state.members()
-    steps: list[tuple[datetime, int]] = [(now, last)]
-    for ends, i in known:
-        state.release(held[i])
-        if not state.could_hold(last + 1):
-            continue  # (most steps: GPUs freed that no member can use yet)
-        members = state.members()
-        if members > last:
-            if steps[-1][0] == ends:
-                steps.pop()  # pods ending at one time free their GPUs together
-            steps.append((ends, members))
-            last = members
-    for holding in held:
-        if holding.ends is None:
-            state.release(holding)
-    return Outlook(node.name, steps[0][1], tuple(steps[1:]), state.members())
-
-
-def _clamp(ends: datetime, now: datetime, rules: ReservationRules) -> datetime:
-    """A pod past its time limit still holds its GPUs: it ends a grace after now."""
-    return ends if ends >= now else now + rules.overrun_grace
-
-
-class _Freeing:
-    """A node's GPUs and CPU as its pods give them back, one pod at a time: GPUs as a
-    list, not a ``NodeState`` per step (an outlook releases every pod of the node)."""
-
-    __slots__ = ("cpu_free", "gpus", "islands_required", "member", "where", "whole_free")
-
-    def __init__(self, node: NodeState, member: PodDemand, islands_required: bool) -> None:
-        self.gpus = list(node.gpus)
-        self.where = {gpu.index: at for at, gpu in enumerate(node.gpus)}
-        self.cpu_free = node.cpu_free_milli if node.cpu_milli > 0 else None
-        self.member = member
-        self.islands_required = islands_required
-        self.whole_free = sum(1 for gpu in node.gpus if gpu.whole_free)
-
-    def could_hold(self, members: int) -> bool:
-        """False when the node surely cannot hold ``members`` yet (too few whole free
-        GPUs, or too little CPU); True when it may (``members`` says for sure)."""
-        member = self.member
-        if member.gpus > 0 and self.whole_free < members * member.gpus:
-            return False
-        return not (
-            member.cpu_milli > 0
-            and self.cpu_free is not None
-            and self.cpu_free < members * member.cpu_milli
-        )
-
-    def release(self, holding: Holding) -> None:
-        places: list[int] = []
-        for index in holding.allocation.indices:
-            at = self.where.get(index)
-            if at is None:
-                return  # GPUs the node does not have: nothing there to give back
-            places.append(at)
-        back = holding.allocation.milli_per_gpu
-        for at in places:
-            gpu = self.gpus[at]
-            free = min(MILLI_PER_GPU, gpu.free_milli + back)
-            self.gpus[at] = freed = GpuDevice(gpu.index, gpu.island, gpu.healthy, free)
-            self.whole_free += freed.whole_free and not gpu.whole_free
-        if self.cpu_free is not None:
-            self.cpu_free += holding.cpu_milli
-
-    def members(self) -> int:
-        member = self.member
-        fits = gpus_fit(self.gpus, member, self.islands_required)
-        if member.cpu_milli > 0 and self.cpu_free is not None:
-            fits = min(fits, self.cpu_free // member.cpu_milli)
-        return fits
-
-
 # ---------------------------------------------------------------- one domain
 
 
@@ -419,202 +292,7 @@ def _enough(ranked: Sequence[tuple[NodeName, int]], members: int) -> tuple[NodeN
     return tuple(chosen)
 
 
-@dataclass(frozen=True, slots=True)
-class DomainTotals:
-    """How many members a domain's nodes hold together: ``totals[i]`` from
-    ``times[i]`` on (rising; ``times[0]`` is when it was counted), ``blocked`` once
-    pods without a time limit are gone too. No promise is counted: what
-    ``estimate_domain`` says of a domain none of whose nodes is promised away."""
-
-    times: tuple[datetime, ...]
-    totals: tuple[int, ...]
-    blocked: int
-
-    def holds(self, members: int) -> bool:
-        """Whether the domain ever holds ``members``, if only once pods without a limit end."""
-        return self.totals[-1] >= members or self.blocked >= members
-
-    def start(self, members: int, now: datetime) -> datetime | None:
-        """When the domain holds ``members`` (``holds``): a time at or after ``now``, or
-        None when only pods without a time limit stand in the way."""
-        at = bisect_left(self.totals, members)
-        return max(self.times[at], now) if at < len(self.totals) else None
-
-
-def domain_totals(outlooks: Sequence[Outlook], now: datetime) -> DomainTotals:
-    """The ``DomainTotals`` of nodes with these ``outlooks``."""
-    base = blocked = 0
-    rises: list[tuple[datetime, int]] = []
-    for outlook in outlooks:
-        base += outlook.now
-        blocked += outlook.blocked
-        last = outlook.now
-        for when, members in outlook.steps:
-            rises.append((when, members - last))
-            last = members
-    rises.sort()
-    times, totals = [now], [base]
-    for when, rise in rises:
-        if when <= times[-1]:
-            totals[-1] += rise
-        else:
-            times.append(when)
-            totals.append(totals[-1] + rise)
-    return DomainTotals(tuple(times), tuple(totals), blocked)
-
-
 # ---------------------------------------------------------------- the plan
-
-
-class OutlookMemo:
-    """What one caller's plans share (a plan without one makes its own): each node's
-    outlook by member shape while the node object and its holdings object are the same
-    ones and no pod there has passed its end; the domains of a shape at a level, and the
-    maintenance windows, for one ``nodes`` mapping object. A caller that changes a
-    node's labels, products, health or drain time in place must ``clear`` it.
-
-    A caller that says which nodes it changed (``told``, then ``changed`` before each
-    plan) spares every plan comparing each node of each domain with what its counts
-    were made of: only the domains of the nodes it names are counted again."""
-
-    __slots__ = ("_domains", "_drains", "_outlooks", "_told", "_totals", "_within")
-
-    def __init__(self, *, told: bool = False) -> None:
-        self._told = told
-        self._within: dict[NodeName, list[tuple[str, int, int, int, bool]]] = {}
-        self._outlooks: dict[tuple[NodeName, int, int, int, bool], _KeptOutlook] = {}
-        self._totals: dict[tuple[str, int, int, int, bool], _KeptTotals] = {}
-        self._domains: dict[tuple[object, ...], tuple[object, dict[str, tuple[NodeName, ...]]]] = {}
-        self._drains: tuple[object, dict[NodeName, Promise]] | None = None
-
-    def clear(self) -> None:
-        self._outlooks.clear()
-        self._totals.clear()
-        self._within.clear()
-        self._domains.clear()
-        self._drains = None
-
-    def outlook(
-        self,
-        node: NodeState,
-        held: Sequence[Holding],
-        member: PodDemand,
-        now: datetime,
-        *,
-        rules: ReservationRules,
-        islands_required: bool,
-    ) -> Outlook:
-        key = (node.name, member.gpus, member.gpu_milli, member.cpu_milli, islands_required)
-        kept = self._outlooks.get(key)
-        if kept is not None and kept.node is node and kept.held is held and now <= kept.until:
-            return kept.outlook
-        outlook = node_outlook(
-            node, held, member, now, rules=rules, islands_required=islands_required
-        )
-        until = min((h.ends for h in held if h.ends is not None), default=_FOREVER)
-        self._outlooks[key] = _KeptOutlook(node, held, until, outlook)
-        return outlook
-
-    def changed(self, names: Iterable[NodeName]) -> None:
-        """These nodes (or the pods on them) changed: the counts of their domains go."""
-        for name in names:
-            for key in self._within.pop(name, ()):
-                self._totals.pop(key, None)
-
-    def totals(
-        self,
-        domain: str,
-        names: Sequence[NodeName],
-        member: PodDemand,
-        cluster: PlanInput,
-        now: datetime,
-    ) -> DomainTotals:
-        """The ``DomainTotals`` of ``names`` for ``member``, kept while each node and its
-        holdings are the same objects and no pod there has passed its end."""
-        islands = cluster.config.islands_required
-        key = (domain, member.gpus, member.gpu_milli, member.cpu_milli, islands)
-        kept = self._totals.get(key)
-        if self._told and kept is not None and now <= kept.until:
-            return kept.totals
-        nodes, holdings = cluster.nodes, cluster.holdings
-        states = tuple(nodes[n] for n in names)
-        held = tuple(holdings.get(n, ()) for n in names)
-        if (
-            kept is not None
-            and now <= kept.until
-            and len(kept.states) == len(states)
-            and all(map(is_, kept.states, states))
-            and all(map(is_, kept.held, held))
-        ):
-            return kept.totals
-        outlooks = [
-            self.outlook(node, h, member, now, rules=cluster.rules, islands_required=islands)
-            for node, h in zip(states, held, strict=True)
-        ]
-        found = domain_totals(outlooks, now)
-        until = min((self._until(n, member, islands) for n in names), default=_FOREVER)
-        self._totals[key] = _KeptTotals(states, held, until, found)
-        if self._told:
-            for name in names:
-                self._within.setdefault(name, []).append(key)
-        return found
-
-    def _until(self, name: NodeName, member: PodDemand, islands: bool) -> datetime:
-        kept = self._outlooks.get((name, member.gpus, member.gpu_milli, member.cpu_milli, islands))
-        return _FOREVER if kept is None else kept.until
-
-    def domains(
-        self,
-        nodes: Mapping[NodeName, NodeState],
-        member: PodDemand,
-        level: str | None,
-        config: ExtenderConfig,
-    ) -> dict[str, tuple[NodeName, ...]]:
-        """The nodes that may ever hold a ``member`` (schedulable, an accepted product,
-        enough healthy GPUs), by their domain at ``level`` (``ANYWHERE`` without one)."""
-        key = (level, member.gpus, member.gpu_milli, member.products, config.islands_required)
-        kept = self._domains.get(key)
-        if kept is not None and kept[0] is nodes:
-            return kept[1]
-        groups: dict[str, list[NodeName]] = {}
-        for name, node in nodes.items():
-            value = ANYWHERE if level is None else node.domains.get(level)
-            if value is not None and _may_hold(node, member, config.islands_required):
-                groups.setdefault(value, []).append(name)
-        found = {value: tuple(names) for value, names in groups.items()}
-        self._domains[key] = (nodes, found)
-        return found
-
-    def drains(self, nodes: Mapping[NodeName, NodeState]) -> dict[NodeName, Promise]:
-        """The maintenance windows of ``nodes``, as promises."""
-        if self._drains is None or self._drains[0] is not nodes:
-            found = {n: Promise(s.drain_after) for n, s in nodes.items() if s.drain_after}
-            self._drains = (nodes, found)
-        return self._drains[1]
-
-
-@dataclass(frozen=True, slots=True)
-class _KeptTotals:
-    states: tuple[NodeState, ...]
-    held: tuple[Sequence[Holding], ...]
-    until: datetime
-    totals: DomainTotals
-
-
-@dataclass(frozen=True, slots=True)
-class _KeptOutlook:
-    node: NodeState
-    held: Sequence[Holding]
-    until: datetime
-    outlook: Outlook
-
-
-def _may_hold(node: NodeState, member: PodDemand, islands_required: bool) -> bool:
-    if node.unschedulable:
-        return False
-    if member.products and not any(product_matches(p, node.product) for p in member.products):
-        return False
-    return pod_fits(node, member, islands_required, empty=True) > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -626,6 +304,14 @@ class PlanInput:
     config: ExtenderConfig
     rules: ReservationRules = field(default_factory=ReservationRules)
     memo: OutlookMemo = field(default_factory=OutlookMemo, compare=False)
+
+    @property
+    def grace(self) -> timedelta:
+        return self.rules.overrun_grace
+
+    @property
+    def islands_required(self) -> bool:
+        return self.config.islands_required
 
 
 def plan_reservations(
@@ -686,7 +372,7 @@ def _gang_estimate(
     node of theirs is promised away; those are estimated in full, which can only be
     later. Once the next domain's start is later than the best found, none after it
     can win: the earliest are ``_pick``ed among, and only the chosen one's nodes found."""
-    groups = cluster.memo.domains(cluster.nodes, gang.member, gang.level, cluster.config)
+    groups = cluster.memo.domains(cluster.nodes, gang.member, gang.level, cluster.islands_required)
     touched = _promised_domains(gang.level, promised, cluster.nodes)
     full: dict[str, Estimate] = {}
     found: list[tuple[_Order, str]] = []
@@ -736,7 +422,7 @@ def _ranked(
     if found is None:
         found = []
         for domain, names in groups.items():
-            totals = cluster.memo.totals(domain, names, member, cluster, now)
+            totals = cluster.memo.totals(domain, names, member, now, cluster)
             if totals.holds(gang.members):
                 found.append((_start_order(totals.start(gang.members, now)), domain))
         found.sort()
@@ -774,7 +460,7 @@ def _estimate(
             cluster.holdings.get(name, ()),
             gang.member,
             now,
-            rules=cluster.rules,
+            grace=cluster.grace,
             islands_required=islands,
         )
         for name in names

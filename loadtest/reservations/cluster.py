@@ -29,7 +29,7 @@ from typing import Final
 
 from cluster.labels import GFD_PRODUCT, HOSTNAME
 from cluster.model import Allocation, GpuDevice, NodeName, NodeState
-from extender.reservations import Holding
+from extender.outlooks import Holding
 from loadtest.inputs.fleet import RACK_LABEL
 from loadtest.inputs.traces import TraceNode
 from loadtest.reservations.workload import GANG_GPUS, GANG_MEMBER, MILLI, Ask, Job

@@ -31,11 +31,10 @@ from typing import ClassVar
 
 from cluster.model import GangId, NodeName, NodeState, PodDemand
 from extender.config import HOSTNAME_LEVEL, ExtenderConfig, TopologyLevel
+from extender.outlooks import Holding, OutlookMemo
 from extender.promises import Promise, ends_in_time
 from extender.reservations import (
     GangDemand,
-    Holding,
-    OutlookMemo,
     PlanInput,
     Reservation,
     ReservationRules,

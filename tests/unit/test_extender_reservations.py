@@ -31,13 +31,11 @@ from cluster.model import (
 from cluster.snapshot import apply_allocation
 from extender.config import ExtenderConfig
 from extender.context import FIT, Unfit
+from extender.outlooks import ANYWHERE, Holding, Outlook, node_outlook
 from extender.promises import Promise, ends_in_time, latest_start, promise_verdict
 from extender.reservations import (
-    ANYWHERE,
     Estimate,
     GangDemand,
-    Holding,
-    Outlook,
     PlanInput,
     Reservation,
     ReservationRules,
@@ -45,7 +43,6 @@ from extender.reservations import (
     estimate_domain,
     gang_demands,
     holdings,
-    node_outlook,
     node_promises,
     plan_reservations,
 )
@@ -138,7 +135,9 @@ def test_node_outlook(
     blocked: int,
 ) -> None:
     state, held = busy("n1", "r1", pods)
-    outlook = node_outlook(state, held, member, NOW, rules=RULES, islands_required=True)
+    outlook = node_outlook(
+        state, held, member, NOW, grace=RULES.overrun_grace, islands_required=True
+    )
     assert (outlook.now, outlook.steps, outlook.blocked) == (now, steps, blocked)
 
 
@@ -149,7 +148,9 @@ def test_cpu_counts_when_the_node_says_how_much_it_has() -> None:
     )
     held = (Holding(held[0].allocation, held[0].ends, cpu_milli=60_000),)
     member = PodDemand(gpus=2, cpu_milli=16_000)
-    outlook = node_outlook(state, held, member, NOW, rules=RULES, islands_required=True)
+    outlook = node_outlook(
+        state, held, member, NOW, grace=RULES.overrun_grace, islands_required=True
+    )
     assert (outlook.now, outlook.steps) == (0, ((at(10), 4),))
 
 
@@ -538,7 +539,7 @@ def test_the_reserved_rack_is_the_earliest_and_holds_the_gang_then(
 ) -> None:
     wanted = gang(members=members, limit_s=limit)
     plan = plan_reservations([wanted], cluster, {}, NOW)
-    groups = cluster.memo.domains(cluster.nodes, wanted.member, RACK_LABEL, cluster.config)
+    groups = cluster.memo.domains(cluster.nodes, wanted.member, RACK_LABEL, True)
     estimates = [
         estimate_domain(
             d,
@@ -548,7 +549,7 @@ def test_the_reserved_rack_is_the_earliest_and_holds_the_gang_then(
                     cluster.holdings[n],
                     wanted.member,
                     NOW,
-                    rules=RULES,
+                    grace=RULES.overrun_grace,
                     islands_required=True,
                 )
                 for n in names
@@ -604,9 +605,14 @@ def test_outlooks_are_kept_while_the_node_and_its_pods_are_the_same() -> None:
     state, held = busy("n1", "r1", [(8, 30)])
     cluster = cluster_of((state, held))
     memo = cluster.memo
-    first = memo.outlook(state, held, MEMBER, NOW, rules=RULES, islands_required=True)
-    assert memo.outlook(state, held, MEMBER, at(10), rules=RULES, islands_required=True) is first
+    first = memo.outlook(state, held, MEMBER, NOW, grace=RULES.overrun_grace, islands_required=True)
+    assert (
+        memo.outlook(state, held, MEMBER, at(10), grace=RULES.overrun_grace, islands_required=True)
+        is first
+    )
     # past the pod's end the kept outlook would hide an overrun: made again
-    later = memo.outlook(state, held, MEMBER, at(31), rules=RULES, islands_required=True)
+    later = memo.outlook(
+        state, held, MEMBER, at(31), grace=RULES.overrun_grace, islands_required=True
+    )
     assert later is not first
     assert later.steps == ((at(32), 1),)
