@@ -14,7 +14,7 @@ always has an assignment at bind.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from itertools import accumulate
 
 from cluster.model import MILLI_PER_GPU, GpuDevice, NodeState, PodDemand, product_matches
@@ -97,9 +97,13 @@ def _choose_share(node: NodeState, milli: int) -> tuple[int, ...] | None:
 def island_counts(node: NodeState, *, empty: bool = False) -> tuple[dict[int, int], dict[int, int]]:
     """Whole-free healthy GPUs per island (with ``empty``: as if no pod held any) and
     healthy GPUs per island."""
+    return _island_counts(node.gpus, empty)
+
+
+def _island_counts(gpus: Sequence[GpuDevice], empty: bool) -> tuple[dict[int, int], dict[int, int]]:
     whole: dict[int, int] = {}
     healthy: dict[int, int] = {}
-    for gpu in node.gpus:
+    for gpu in gpus:
         if gpu.healthy:
             healthy[gpu.island] = healthy.get(gpu.island, 0) + 1
             if empty or gpu.free_milli >= MILLI_PER_GPU:
@@ -112,18 +116,27 @@ def pod_fits(
 ) -> int:
     """How many pods like ``demand`` the node's healthy GPUs hold at once: now, or with
     ``empty`` as if no other pod held any. A pod without GPUs: the node's pod limit."""
+    if not demand.uses_gpu:
+        return node.max_pods
+    return gpus_fit(node.gpus, demand, islands_required, empty=empty)
+
+
+def gpus_fit(
+    gpus: Sequence[GpuDevice], demand: PodDemand, islands_required: bool, *, empty: bool = False
+) -> int:
+    """``pod_fits`` of a GPU pod on a node's ``gpus`` alone: for a caller that follows a
+    node's GPUs through many states (``extender.reservations``) without making a
+    ``NodeState`` of each."""
     if demand.gpus > 0:
         k = demand.gpus
-        counts, healthy = island_counts(node, empty=empty)
+        counts, healthy = _island_counts(gpus, empty)
         if one_island(k, healthy, islands_required):
             return sum(c // k for c in counts.values())
         return sum(counts.values()) // k
-    if demand.gpu_milli > 0:
-        m = demand.gpu_milli
-        return sum(
-            (MILLI_PER_GPU if empty else gpu.free_milli) // m for gpu in node.gpus if gpu.healthy
-        )
-    return node.max_pods
+    m = demand.gpu_milli
+    if m <= 0:
+        return 0
+    return sum((MILLI_PER_GPU if empty else gpu.free_milli) // m for gpu in gpus if gpu.healthy)
 
 
 def fragmentation(

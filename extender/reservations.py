@@ -13,48 +13,41 @@ extender's filter pipeline: the load test's reservation study runs it
 How a plan is made (``plan_reservations``), gang by gang in order (the higher priority
 first, then the oldest), at most ``max_reservations`` of them:
 
-* Each node's *outlook* for one member shape (``node_outlook``): how many members it
+* Each node's *outlook* (``extender.outlooks``): how many of the gang's members it
   holds now and from which time on it holds more, as the pods on it end by their time
-  limits (``started_at`` + ``activeDeadlineSeconds``). A pod without a time limit never
-  ends as far as the outlook knows: the members it blocks count only as ``blocked``. A
-  pod past its limit is taken to end ``overrun_grace`` after now: it pushes the
-  estimate, it never breaks a reservation.
+  limits. A pod without a time limit never ends as far as it knows; a pod past its
+  limit is taken to end ``overrun_grace`` after now: it pushes the estimate, it never
+  breaks a reservation.
 * A domain's *estimate* (``estimate_domain``): the first time its nodes hold the gang's
   members together, and the nodes that do. A node promised to someone else
   (maintenance, or an earlier gang's reservation: ``extender.promises``) counts only
   while the gang, starting then, would end by that promise.
-* The gang's domain: the one it holds if it holds one (a reservation sticks to its
-  domain: hopping would waste the GPUs held idle so far), else the earliest estimate;
-  ties go to the domain whose free GPUs are least fragmented (``gpus.fragmentation``),
-  and domains whose start is unknown (waiting on pods without a time limit) come last.
-  An estimate of ``now`` means the gang fits now: it is placed, not reserved.
+* The gang's domain: the earliest estimate, chosen again at every plan, so that a
+  reservation follows the domain that frees soonest as pods end before their limits.
+  (Keeping the first choice made the largest gangs of the load test's reservation
+  study wait longer than with no reservation at all: time limits overstate how long
+  pods run, and pods backfilled up to a start that was too late keep the rack busy
+  until then.) Ties keep the domain the gang holds, then go to the domain whose free
+  GPUs are least fragmented (``gpus.fragmentation``); domains whose start is unknown
+  (waiting on pods without a time limit) come last. An estimate of ``now`` means the
+  gang fits now: it is placed, not reserved.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from cluster.model import (
-    Allocation,
-    GangId,
-    NodeName,
-    NodeState,
-    PodDemand,
-    PodKey,
-    TopologyMode,
-    product_matches,
-)
-from cluster.snapshot import Snapshot, apply_allocation
+from cluster.model import GangId, NodeName, NodeState, PodDemand, PodKey, TopologyMode
+from cluster.snapshot import Snapshot
 from extender.config import ExtenderConfig
 from extender.context import FIT, Verdict
-from extender.gpus import fragmentation, pod_fits
+from extender.gpus import fragmentation
+from extender.outlooks import ANYWHERE, Holding, Outlook, OutlookMemo
 from extender.promises import Promise, latest_start, promise_verdict
 
-ANYWHERE: Final = ""
-"""The one domain of a gang without a topology level: every node that may hold it."""
 _FOREVER: Final = datetime.max.replace(tzinfo=UTC)
 
 
@@ -68,15 +61,6 @@ class ReservationRules:
     def __post_init__(self) -> None:
         if self.max_reservations < 0 or self.overrun_grace <= timedelta(0):
             raise ValueError(f"reservations: a bound >= 0 and a grace > 0, not {self!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class Holding:
-    """A pod holding GPUs (and CPU) on a node until ``ends`` (None: no time limit)."""
-
-    allocation: Allocation
-    ends: datetime | None
-    cpu_milli: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,17 +79,6 @@ class GangDemand:
     @property
     def order(self) -> tuple[int, datetime, str]:
         return (-self.priority, self.since, self.gang)
-
-
-@dataclass(frozen=True, slots=True)
-class Outlook:
-    """How many members of one shape a node holds: ``now``, from each step's time on
-    (rising), and ``blocked`` once pods without a time limit are gone too."""
-
-    name: NodeName
-    now: int
-    steps: tuple[tuple[datetime, int], ...] = ()
-    blocked: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,66 +207,6 @@ def backfill_verdict(
     return FIT
 
 
-# ---------------------------------------------------------------- one node
-
-
-def node_outlook(
-    node: NodeState,
-    held: Sequence[Holding],
-    member: PodDemand,
-    now: datetime,
-    *,
-    rules: ReservationRules,
-    islands_required: bool,
-) -> Outlook:
-    """How many ``member`` pods ``node`` holds now and as its pods end (see the module
-    docstring). CPU counts as well as GPUs when the node says how much it has. Valid at
-    ``now``: a caller that keeps an outlook recomputes it once a pod's end has passed."""
-    known = sorted(
-        (_clamp(h.ends, now, rules), i) for i, h in enumerate(held) if h.ends is not None
-    )
-    state = node
-    last = _members(state, member, islands_required)
-    steps: list[tuple[datetime, int]] = [(now, last)]
-    for ends, i in known:
-        state = _release(state, held[i])
-        members = _members(state, member, islands_required)
-        if members > last:
-            if steps[-1][0] == ends:
-                steps.pop()  # pods ending at one time free their GPUs together
-            steps.append((ends, members))
-            last = members
-    for holding in held:
-        if holding.ends is None:
-            state = _release(state, holding)
-    blocked = _members(state, member, islands_required)
-    return Outlook(node.name, steps[0][1], tuple(steps[1:]), blocked)
-
-
-def _clamp(ends: datetime, now: datetime, rules: ReservationRules) -> datetime:
-    """A pod past its time limit still holds its GPUs: it ends a grace after now."""
-    return ends if ends >= now else now + rules.overrun_grace
-
-
-def _release(node: NodeState, holding: Holding) -> NodeState:
-    try:
-        freed = apply_allocation(node, holding.allocation, -1)
-    except ValueError:
-        return node  # GPUs the node does not have: nothing there to give back
-    if holding.cpu_milli:
-        freed = replace(
-            freed, cpu_requested_milli=max(0, freed.cpu_requested_milli - holding.cpu_milli)
-        )
-    return freed
-
-
-def _members(node: NodeState, member: PodDemand, islands_required: bool) -> int:
-    fits = pod_fits(node, member, islands_required)
-    if member.cpu_milli > 0 and node.cpu_milli > 0:
-        fits = min(fits, node.cpu_free_milli // member.cpu_milli)
-    return fits
-
-
 # ---------------------------------------------------------------- one domain
 
 
@@ -382,92 +295,6 @@ def _enough(ranked: Sequence[tuple[NodeName, int]], members: int) -> tuple[NodeN
 # ---------------------------------------------------------------- the plan
 
 
-class OutlookMemo:
-    """What one caller's plans share (a plan without one makes its own): each node's
-    outlook by member shape while the node object and its holdings object are the same
-    ones and no pod there has passed its end; the domains of a shape at a level, and the
-    maintenance windows, for one ``nodes`` mapping object. A caller that changes a
-    node's labels, products, health or drain time in place must ``clear`` it."""
-
-    __slots__ = ("_domains", "_drains", "_outlooks")
-
-    def __init__(self) -> None:
-        self._outlooks: dict[tuple[NodeName, int, int, int, bool], _KeptOutlook] = {}
-        self._domains: dict[tuple[object, ...], tuple[object, dict[str, tuple[NodeName, ...]]]] = {}
-        self._drains: tuple[object, dict[NodeName, Promise]] | None = None
-
-    def clear(self) -> None:
-        self._outlooks.clear()
-        self._domains.clear()
-        self._drains = None
-
-    def outlook(
-        self,
-        node: NodeState,
-        held: Sequence[Holding],
-        member: PodDemand,
-        now: datetime,
-        *,
-        rules: ReservationRules,
-        islands_required: bool,
-    ) -> Outlook:
-        key = (node.name, member.gpus, member.gpu_milli, member.cpu_milli, islands_required)
-        kept = self._outlooks.get(key)
-        if kept is not None and kept.node is node and kept.held is held and now <= kept.until:
-            return kept.outlook
-        outlook = node_outlook(
-            node, held, member, now, rules=rules, islands_required=islands_required
-        )
-        until = min((h.ends for h in held if h.ends is not None), default=_FOREVER)
-        self._outlooks[key] = _KeptOutlook(node, held, until, outlook)
-        return outlook
-
-    def domains(
-        self,
-        nodes: Mapping[NodeName, NodeState],
-        member: PodDemand,
-        level: str | None,
-        config: ExtenderConfig,
-    ) -> dict[str, tuple[NodeName, ...]]:
-        """The nodes that may ever hold a ``member`` (schedulable, an accepted product,
-        enough healthy GPUs), by their domain at ``level`` (``ANYWHERE`` without one)."""
-        key = (level, member.gpus, member.gpu_milli, member.products, config.islands_required)
-        kept = self._domains.get(key)
-        if kept is not None and kept[0] is nodes:
-            return kept[1]
-        groups: dict[str, list[NodeName]] = {}
-        for name, node in nodes.items():
-            value = ANYWHERE if level is None else node.domains.get(level)
-            if value is not None and _may_hold(node, member, config.islands_required):
-                groups.setdefault(value, []).append(name)
-        found = {value: tuple(names) for value, names in groups.items()}
-        self._domains[key] = (nodes, found)
-        return found
-
-    def drains(self, nodes: Mapping[NodeName, NodeState]) -> dict[NodeName, Promise]:
-        """The maintenance windows of ``nodes``, as promises."""
-        if self._drains is None or self._drains[0] is not nodes:
-            found = {n: Promise(s.drain_after) for n, s in nodes.items() if s.drain_after}
-            self._drains = (nodes, found)
-        return self._drains[1]
-
-
-@dataclass(frozen=True, slots=True)
-class _KeptOutlook:
-    node: NodeState
-    held: Sequence[Holding]
-    until: datetime
-    outlook: Outlook
-
-
-def _may_hold(node: NodeState, member: PodDemand, islands_required: bool) -> bool:
-    if node.unschedulable:
-        return False
-    if member.products and not any(product_matches(p, node.product) for p in member.products):
-        return False
-    return pod_fits(node, member, islands_required, empty=True) > 0
-
-
 @dataclass(frozen=True, slots=True)
 class PlanInput:
     """The cluster as a plan reads it: nodes, the pods holding GPUs on each, the config."""
@@ -478,6 +305,14 @@ class PlanInput:
     rules: ReservationRules = field(default_factory=ReservationRules)
     memo: OutlookMemo = field(default_factory=OutlookMemo, compare=False)
 
+    @property
+    def grace(self) -> timedelta:
+        return self.rules.overrun_grace
+
+    @property
+    def islands_required(self) -> bool:
+        return self.config.islands_required
+
 
 def plan_reservations(
     gangs: Sequence[GangDemand],
@@ -486,10 +321,13 @@ def plan_reservations(
     now: datetime,
 ) -> Plan:
     """Reservations for the waiting ``gangs`` (see the module docstring): the gangs in
-    their order, each given the domain it ``held`` or else the best estimate, until
-    ``max_reservations`` are made; what the earlier gangs were given (and maintenance
-    windows) is promised away from the later ones."""
+    their order, each given the domain of the earliest estimate (on a tie, the one it
+    ``held``), until ``max_reservations`` are made; what the earlier gangs were given
+    (and maintenance windows) is promised away from the later ones."""
     promised = dict(cluster.memo.drains(cluster.nodes))
+    ranked: dict[tuple[object, ...], list[tuple[_Order, str]]] = {}
+    """Per gang shape, every domain by its start with no promise counted: made once a
+    plan, the same for every gang of that shape."""
     made: list[Reservation] = []
     fits: list[tuple[GangId, Estimate]] = []
     never: list[GangId] = []
@@ -498,7 +336,9 @@ def plan_reservations(
         if len(made) >= cluster.rules.max_reservations:
             over.append(gang.gang)
             continue
-        estimate = _gang_estimate(gang, cluster, held.get(gang.gang), promised, now)
+        estimate = _gang_estimate(
+            gang, cluster, held.get(gang.gang), promised=promised, now=now, ranked=ranked
+        )
         if estimate is None:
             never.append(gang.gang)
             continue
@@ -515,26 +355,93 @@ def plan_reservations(
     return Plan(tuple(made), tuple(fits), tuple(never), tuple(over))
 
 
+_Order = tuple[bool, datetime]
+
+
 def _gang_estimate(
     gang: GangDemand,
     cluster: PlanInput,
     old: Reservation | None,
+    *,
     promised: Mapping[NodeName, Promise],
     now: datetime,
+    ranked: dict[tuple[object, ...], list[tuple[_Order, str]]],
 ) -> Estimate | None:
-    groups = cluster.memo.domains(cluster.nodes, gang.member, gang.level, cluster.config)
-    if old is not None:
-        names = old.nodes if gang.level is None else groups.get(old.domain, ())
-        kept = _estimate(gang, old.domain, names, cluster, promised=promised, now=now)
-        if kept is not None:
-            return kept
-    estimates = [
-        found
-        for domain, names in groups.items()
-        if (found := _estimate(gang, domain, names, cluster, promised=promised, now=now))
-        is not None
-    ]
-    return choose_estimate(estimates, cluster, groups)
+    """The estimate of the domain the gang is given. Domains are taken by their start
+    with no promise counted (``_ranked``), which is when they hold the gang unless a
+    node of theirs is promised away; those are estimated in full, which can only be
+    later. Once the next domain's start is later than the best found, none after it
+    can win: the earliest are ``_pick``ed among, and only the chosen one's nodes found."""
+    groups = cluster.memo.domains(cluster.nodes, gang.member, gang.level, cluster.islands_required)
+    touched = _promised_domains(gang.level, promised, cluster.nodes)
+    full: dict[str, Estimate] = {}
+    found: list[tuple[_Order, str]] = []
+    best: _Order | None = None
+    for bound, domain in _ranked(gang, cluster, groups, now, ranked):
+        if best is not None and bound > best:
+            break
+        order = bound
+        if domain in touched:
+            estimate = _estimate(gang, domain, groups[domain], cluster, promised=promised, now=now)
+            if estimate is None:
+                continue
+            full[domain] = estimate
+            order = _start_order(estimate.start)
+        found.append((order, domain))
+        if best is None or order < best:
+            best = order
+    if best is None:
+        return None
+    tied = [domain for order, domain in found if order == best]
+    chosen = _pick(tied, cluster, groups, keep=None if old is None else old.domain)
+    kept = full.get(chosen)
+    if kept is None:
+        kept = _estimate(gang, chosen, groups[chosen], cluster, promised=promised, now=now)
+    return kept
+
+
+def _ranked(
+    gang: GangDemand,
+    cluster: PlanInput,
+    groups: Mapping[str, Sequence[NodeName]],
+    now: datetime,
+    ranked: dict[tuple[object, ...], list[tuple[_Order, str]]],
+) -> list[tuple[_Order, str]]:
+    """Every domain that can ever hold the gang, by when it does with no promise counted
+    (``DomainTotals``, kept by the memo), soonest first."""
+    member = gang.member
+    key = (
+        gang.level,
+        member.gpus,
+        member.gpu_milli,
+        member.cpu_milli,
+        member.products,
+        gang.members,
+    )
+    found = ranked.get(key)
+    if found is None:
+        found = []
+        for domain, names in groups.items():
+            totals = cluster.memo.totals(domain, names, member, now, cluster)
+            if totals.holds(gang.members):
+                found.append((_start_order(totals.start(gang.members, now)), domain))
+        found.sort()
+        ranked[key] = found
+    return found
+
+
+def _promised_domains(
+    level: str | None, promised: Mapping[NodeName, Promise], nodes: Mapping[NodeName, NodeState]
+) -> set[str]:
+    """The domains at ``level`` with a node promised away."""
+    if level is None:
+        return {ANYWHERE} if promised else set()
+    found = set()
+    for name in promised:
+        node = nodes.get(name)
+        if node is not None and (value := node.domains.get(level)) is not None:
+            found.add(value)
+    return found
 
 
 def _estimate(
@@ -553,7 +460,7 @@ def _estimate(
             cluster.holdings.get(name, ()),
             gang.member,
             now,
-            rules=cluster.rules,
+            grace=cluster.grace,
             islands_required=islands,
         )
         for name in names
@@ -569,28 +476,29 @@ def _estimate(
     )
 
 
-def choose_estimate(
-    estimates: Sequence[Estimate],
+def _pick(
+    tied: Sequence[str],
     cluster: PlanInput,
     groups: Mapping[str, Sequence[NodeName]],
-) -> Estimate | None:
-    """The earliest estimate; a known start before an unknown one; among equal starts,
-    the domain whose free GPUs are least fragmented for the pod mix, then by name."""
-    if not estimates:
-        return None
-    first = min(_start_order(e) for e in estimates)
-    tied = [e for e in estimates if _start_order(e) == first]
+    *,
+    keep: str | None,
+) -> str:
+    """Among domains of equal start: ``keep`` (the one the gang holds), else the one
+    whose free GPUs are least fragmented for the pod mix, then by name."""
     if len(tied) == 1:
         return tied[0]
+    if keep is not None and keep in tied:
+        return keep
     config = cluster.config
 
-    def fragmented(estimate: Estimate) -> tuple[float, str]:
-        nodes = (cluster.nodes[n] for n in groups.get(estimate.domain, estimate.nodes))
+    def fragmented(domain: str) -> tuple[float, str]:
+        nodes = (cluster.nodes[n] for n in groups[domain])
         lost = sum(fragmentation(n, config.pod_mix, config.islands_required) for n in nodes)
-        return lost, estimate.domain
+        return lost, domain
 
     return min(tied, key=fragmented)
 
 
-def _start_order(estimate: Estimate) -> tuple[bool, datetime]:
-    return (estimate.start is None, estimate.start or _FOREVER)
+def _start_order(start: datetime | None) -> tuple[bool, datetime]:
+    """Sooner first; a start not known after every known one."""
+    return (start is None, start or _FOREVER)

@@ -6,8 +6,9 @@ imports it. Inside, one sub-package per job, in layers (a contract in ``pyprojec
 * ``__main__`` and ``cli``: ``python -m loadtest`` and its flags (ROOT);
 * ``demo``: the modes that run a whole cluster (``demo``, ``latency``, ``soak``,
   ``demo --real``, ``selfcheck``) (ROOT);
-* ``report``, ``bench``, ``placement``: the reports (PURE), the benchmarks (ROOT
-  scripts), the FGD placement study; none of them imports another;
+* ``report``, ``bench``, ``placement``, ``reservations``: the reports (PURE), the
+  benchmarks (ROOT scripts), the FGD placement study, the reservation study (gangs with
+  and without ``extender.reservations``); none of them imports another;
 * ``sim``: the simulated control plane (I/O over PURE rules);
 * ``inputs``, ``measure``, ``stack``: fleets and traces (PURE), the open-loop generator,
   pinned processes and statistics, and the real control plane on loopback (I/O).

@@ -5,7 +5,8 @@ Layer: ROOT. The only place in the load test that reads the environment
 in its short form, so that CI can run ``make demo`` quickly), and hands each mode to
 what runs it; the flags are ``loadtest.cli``'s. Subcommands: ``demo`` (``make demo``),
 ``latency``, ``soak`` (``loadtest.demo``), ``placement`` (the FGD method,
-``loadtest.placement``), ``selfcheck`` (the cluster-model check without servers), and
+``loadtest.placement``), ``reservations`` (gangs with and without reservations,
+``loadtest.reservations``), ``selfcheck`` (the cluster-model check without servers), and
 ``bench-webhook`` / ``bench-extender`` / ``overload``, which hand their arguments to
 ``loadtest.bench.webhook.main`` (``loadtest.bench.against_kueue.main`` with
 ``--against``) / ``loadtest.bench.extender.main`` / ``loadtest.bench.overload.main``
@@ -113,6 +114,13 @@ def _passthrough(argv: list[str]) -> int | None:
         len(argv) > 2 and argv[0] == "--data" and argv[2] == "placement"
     ):
         return _placement(argv)
+    if argv[:1] == ["reservations"] or (
+        len(argv) > 2 and argv[0] == "--data" and argv[2] == "reservations"
+    ):
+        from loadtest.reservations import study  # noqa: PLC0415 - heavy, only for this mode
+
+        rest = argv[argv.index("reservations") + 1 :]
+        return study.main(["--data", argv[1], *rest] if argv[0] == "--data" else rest)
     if argv[:1] in (["bench-webhook"], ["bench-extender"], ["overload"]):
         # The benchmarks keep their own flags; this is only a way in.
         if argv[0] == "bench-webhook" and any(a.startswith("--against") for a in argv):

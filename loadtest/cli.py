@@ -34,6 +34,7 @@ examples:
       --client-cert kube-scheduler.crt --client-key kube-scheduler.key \\
       --kubeconfig test-cluster.kubeconfig --namespace tessera-loadtest
   python -m loadtest placement --quick          # FGD-style placement quality on openb
+  python -m loadtest reservations --json resv.json   # gangs with and without reservations
   python -m loadtest selfcheck                  # the cluster model alone, no servers
   python -m loadtest bench-webhook --help       # the webhook benchmark (loadtest.bench.webhook)
   python -m loadtest bench-webhook --against kueue   # side by side with Kueue's webhook
@@ -314,6 +315,12 @@ def _add_passthrough(commands: Commands) -> None:
     commands.add_parser(
         "placement",
         help="FGD-style placement quality (python -m loadtest placement --help)",
+        add_help=False,
+    )
+    commands.add_parser(
+        "reservations",
+        help="gang waits and GPU allocation with no reservations, Tessera's and EASY "
+        "backfilling, on an openb trace (python -m loadtest reservations --help)",
         add_help=False,
     )
     for name, what in (("bench-webhook", "webhook"), ("bench-extender", "extender")):

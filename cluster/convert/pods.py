@@ -69,11 +69,9 @@ def pod_from_json(obj: Mapping[str, Any]) -> PodInfo:
     uid = metadata.get("uid")
     scheduler = spec.get("schedulerName")
     status = field_map(obj, "status")
-    started = _time(status, "startTime", "status", problems) if node else None
-    created, priority = None, 0
-    if demand.gang is not None and not node:
-        created = _time(metadata, "creationTimestamp", "metadata", problems)
-        priority = _priority(spec, problems)
+    started, created, priority = _times(
+        metadata, spec, status, bound=bool(node), problems=problems, gang=demand.gang is not None
+    )
     # a node's name and the scheduler's are shared by many pods: one string each, not
     # one per pod (150,000 pods keep 10-20 MB less)
     return PodInfo(
@@ -91,6 +89,25 @@ def pod_from_json(obj: Mapping[str, Any]) -> PodInfo:
         created_at=created,
         priority=priority,
     )
+
+
+def _times(
+    metadata: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    *,
+    bound: bool,
+    gang: bool,
+    problems: list[str],
+) -> tuple[datetime | None, datetime | None, int]:
+    """(started, created, priority): the start of a bound pod; the creation time and
+    priority of a gang member waiting to be placed."""
+    if bound:
+        return _time(status, "startTime", "status", problems), None, 0
+    if gang:
+        created = _time(metadata, "creationTimestamp", "metadata", problems)
+        return None, created, _priority(spec, problems)
+    return None, None, 0
 
 
 def _time(part: Mapping[str, Any], key: str, where: str, problems: list[str]) -> datetime | None:

@@ -31,13 +31,11 @@ from cluster.model import (
 from cluster.snapshot import apply_allocation
 from extender.config import ExtenderConfig
 from extender.context import FIT, Unfit
+from extender.outlooks import ANYWHERE, Holding, Outlook, node_outlook
 from extender.promises import Promise, ends_in_time, latest_start, promise_verdict
 from extender.reservations import (
-    ANYWHERE,
     Estimate,
     GangDemand,
-    Holding,
-    Outlook,
     PlanInput,
     Reservation,
     ReservationRules,
@@ -45,7 +43,6 @@ from extender.reservations import (
     estimate_domain,
     gang_demands,
     holdings,
-    node_outlook,
     node_promises,
     plan_reservations,
 )
@@ -138,7 +135,9 @@ def test_node_outlook(
     blocked: int,
 ) -> None:
     state, held = busy("n1", "r1", pods)
-    outlook = node_outlook(state, held, member, NOW, rules=RULES, islands_required=True)
+    outlook = node_outlook(
+        state, held, member, NOW, grace=RULES.overrun_grace, islands_required=True
+    )
     assert (outlook.now, outlook.steps, outlook.blocked) == (now, steps, blocked)
 
 
@@ -149,7 +148,9 @@ def test_cpu_counts_when_the_node_says_how_much_it_has() -> None:
     )
     held = (Holding(held[0].allocation, held[0].ends, cpu_milli=60_000),)
     member = PodDemand(gpus=2, cpu_milli=16_000)
-    outlook = node_outlook(state, held, member, NOW, rules=RULES, islands_required=True)
+    outlook = node_outlook(
+        state, held, member, NOW, grace=RULES.overrun_grace, islands_required=True
+    )
     assert (outlook.now, outlook.steps) == (0, ((at(10), 4),))
 
 
@@ -314,15 +315,23 @@ def test_a_short_gang_may_use_an_earlier_gangs_rack_before_its_start() -> None:
     assert [g for g, _ in plan.fits_now] == ["ns.quick"]
 
 
-def test_a_reservation_keeps_its_rack_when_another_would_now_be_sooner() -> None:
-    racks = [
+def test_a_reservation_moves_to_a_rack_that_became_sooner_and_keeps_its_own_on_a_tie() -> None:
+    held = {GangId("team-a.train-7"): Reservation(GangId("team-a.train-7"), "x", (), at(60))}
+    sooner = [
         busy("x1", "x", [(8, 50)]),
         busy("x2", "x"),
         busy("y1", "y", [(8, 10)]),
         busy("y2", "y"),
     ]
-    held = {GangId("team-a.train-7"): Reservation(GangId("team-a.train-7"), "x", (), at(60))}
-    plan = plan_reservations([gang()], cluster_of(*racks), held, NOW)
+    plan = plan_reservations([gang()], cluster_of(*sooner), held, NOW)
+    assert [(r.domain, r.start) for r in plan.reservations] == [("y", at(10))]
+    tied = [
+        busy("w1", "w", [(8, 50)]),
+        busy("w2", "w"),
+        busy("x1", "x", [(8, 50)]),
+        busy("x2", "x"),
+    ]
+    plan = plan_reservations([gang()], cluster_of(*tied), held, NOW)
     assert [(r.domain, r.start) for r in plan.reservations] == [("x", at(50))]
 
 
@@ -330,7 +339,7 @@ def test_a_pod_outliving_its_limit_pushes_the_start_and_keeps_the_reservation() 
     racks = [
         busy("x1", "x", [(8, -5)]),
         busy("x2", "x"),
-        busy("y1", "y", [(8, 0.5)]),
+        busy("y1", "y", [(8, 5)]),
         busy("y2", "y"),
     ]
     held = {GangId("team-a.train-7"): Reservation(GangId("team-a.train-7"), "x", (), at(-10))}
@@ -530,7 +539,7 @@ def test_the_reserved_rack_is_the_earliest_and_holds_the_gang_then(
 ) -> None:
     wanted = gang(members=members, limit_s=limit)
     plan = plan_reservations([wanted], cluster, {}, NOW)
-    groups = cluster.memo.domains(cluster.nodes, wanted.member, RACK_LABEL, cluster.config)
+    groups = cluster.memo.domains(cluster.nodes, wanted.member, RACK_LABEL, True)
     estimates = [
         estimate_domain(
             d,
@@ -540,7 +549,7 @@ def test_the_reserved_rack_is_the_earliest_and_holds_the_gang_then(
                     cluster.holdings[n],
                     wanted.member,
                     NOW,
-                    rules=RULES,
+                    grace=RULES.overrun_grace,
                     islands_required=True,
                 )
                 for n in names
@@ -596,9 +605,14 @@ def test_outlooks_are_kept_while_the_node_and_its_pods_are_the_same() -> None:
     state, held = busy("n1", "r1", [(8, 30)])
     cluster = cluster_of((state, held))
     memo = cluster.memo
-    first = memo.outlook(state, held, MEMBER, NOW, rules=RULES, islands_required=True)
-    assert memo.outlook(state, held, MEMBER, at(10), rules=RULES, islands_required=True) is first
+    first = memo.outlook(state, held, MEMBER, NOW, grace=RULES.overrun_grace, islands_required=True)
+    assert (
+        memo.outlook(state, held, MEMBER, at(10), grace=RULES.overrun_grace, islands_required=True)
+        is first
+    )
     # past the pod's end the kept outlook would hide an overrun: made again
-    later = memo.outlook(state, held, MEMBER, at(31), rules=RULES, islands_required=True)
+    later = memo.outlook(
+        state, held, MEMBER, at(31), grace=RULES.overrun_grace, islands_required=True
+    )
     assert later is not first
     assert later.steps == ((at(32), 1),)
