@@ -105,13 +105,23 @@ def _clamp(ends: datetime, now: datetime, grace: timedelta) -> datetime:
 
 
 class _Freeing:
-    """A node's GPUs and CPU as its pods give them back, one pod at a time: GPUs as a
-    list, not a ``NodeState`` per step (an outlook releases every pod of the node)."""
+    """A node's GPUs and CPU as its pods give them back, one pod at a time: free milli
+    per GPU in a list, made into GPUs only when members are counted (an outlook
+    releases every pod of the node, and counts after few of them: ``could_hold``)."""
 
-    __slots__ = ("cpu_free", "gpus", "islands_required", "member", "where", "whole_free")
+    __slots__ = (
+        "cpu_free",
+        "free",
+        "gpus",
+        "islands_required",
+        "member",
+        "where",
+        "whole_free",
+    )
 
     def __init__(self, node: NodeState, member: PodDemand, islands_required: bool) -> None:
-        self.gpus = list(node.gpus)
+        self.gpus = node.gpus
+        self.free = [gpu.free_milli for gpu in node.gpus]
         self.where = {gpu.index: at for at, gpu in enumerate(node.gpus)}
         self.cpu_free = node.cpu_free_milli if node.cpu_milli > 0 else None
         self.member = member
@@ -138,17 +148,22 @@ class _Freeing:
                 return  # GPUs the node does not have: nothing there to give back
             places.append(at)
         back = holding.allocation.milli_per_gpu
+        free, gpus = self.free, self.gpus
         for at in places:
-            gpu = self.gpus[at]
-            free = min(MILLI_PER_GPU, gpu.free_milli + back)
-            self.gpus[at] = freed = GpuDevice(gpu.index, gpu.island, gpu.healthy, free)
-            self.whole_free += freed.whole_free and not gpu.whole_free
+            was = free[at]
+            free[at] = now = min(MILLI_PER_GPU, was + back)
+            if now == MILLI_PER_GPU and was < MILLI_PER_GPU and gpus[at].healthy:
+                self.whole_free += 1
         if self.cpu_free is not None:
             self.cpu_free += holding.cpu_milli
 
     def members(self) -> int:
         member = self.member
-        fits = gpus_fit(self.gpus, member, self.islands_required)
+        gpus = [
+            g if g.free_milli == f else GpuDevice(g.index, g.island, g.healthy, f)
+            for g, f in zip(self.gpus, self.free, strict=True)
+        ]
+        fits = gpus_fit(gpus, member, self.islands_required)
         if member.cpu_milli > 0 and self.cpu_free is not None:
             fits = min(fits, self.cpu_free // member.cpu_milli)
         return fits

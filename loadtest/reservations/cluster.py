@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
@@ -362,3 +362,47 @@ class SimCluster:
     def free_milli(self, nodes: Iterable[int]) -> int:
         """Free GPU capacity of ``nodes``, in milli-GPUs."""
         return sum(map(self.free_total.__getitem__, nodes))
+
+
+class NodeViews(Mapping[NodeName, NodeState]):
+    """Nodes ``names`` of ``sim`` as the extender sees them, each made when it is read
+    (and again only after it changed): a plan reads the nodes of the domains it counts
+    again, not every node that changed."""
+
+    __slots__ = ("_names", "_sim")
+
+    def __init__(self, sim: SimCluster, names: Iterable[NodeName]) -> None:
+        self._sim = sim
+        self._names = dict.fromkeys(names)
+
+    def __getitem__(self, name: NodeName) -> NodeState:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._sim.view(self._sim.index[name])[0]
+
+    def __iter__(self) -> Iterator[NodeName]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+class HoldingViews(Mapping[NodeName, tuple[Holding, ...]]):
+    """The pods holding GPUs on the nodes of a ``NodeViews``, the same way."""
+
+    __slots__ = ("_nodes", "_sim")
+
+    def __init__(self, sim: SimCluster, nodes: NodeViews) -> None:
+        self._sim = sim
+        self._nodes = nodes
+
+    def __getitem__(self, name: NodeName) -> tuple[Holding, ...]:
+        if name not in self._nodes:
+            raise KeyError(name)
+        return self._sim.view(self._sim.index[name])[1]
+
+    def __iter__(self) -> Iterator[NodeName]:
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)

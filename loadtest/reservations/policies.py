@@ -29,9 +29,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from cluster.model import GangId, NodeName, NodeState, PodDemand
+from cluster.model import GangId, PodDemand
 from extender.config import HOSTNAME_LEVEL, ExtenderConfig, TopologyLevel
-from extender.outlooks import Holding, OutlookMemo
+from extender.outlooks import OutlookMemo
 from extender.promises import Promise, ends_in_time
 from extender.reservations import (
     GangDemand,
@@ -41,7 +41,15 @@ from extender.reservations import (
     plan_reservations,
 )
 from loadtest.inputs.fleet import RACK_LABEL
-from loadtest.reservations.cluster import Allowed, Run, SimCluster, moment, seconds
+from loadtest.reservations.cluster import (
+    Allowed,
+    HoldingViews,
+    NodeViews,
+    Run,
+    SimCluster,
+    moment,
+    seconds,
+)
 from loadtest.reservations.workload import GANG_GPUS, Job
 
 RACK_LEVEL = TopologyLevel("rack", RACK_LABEL)
@@ -242,8 +250,8 @@ class Reserving(Greedy):
 
     config: ExtenderConfig = CONFIG
     memo: OutlookMemo = field(default_factory=lambda: OutlookMemo(told=True))
-    nodes: dict[NodeName, NodeState] = field(default_factory=dict)
-    holdings: dict[NodeName, tuple[Holding, ...]] = field(default_factory=dict)
+    cluster: PlanInput | None = None
+    """What the plans read: the nodes they may use, as the extender sees them."""
     watch_nodes: dict[int, float] = field(default_factory=dict)
     """Nodes of the reserved domains, with the start of the domain's reservation (s): a
     pod there whose time limit ends by the start holds back nothing, and its end
@@ -289,7 +297,14 @@ class Reserving(Greedy):
         if not candidates and not self.held:
             return set()
         self._refresh()
-        cluster = PlanInput(self.nodes, self.holdings, self.config, self.rules, self.memo)
+        cluster = self.cluster
+        if cluster is None:
+            relevant = [name for n, name in enumerate(self.sim.names) if self._relevant(n)]
+            nodes = NodeViews(self.sim, relevant)
+            cluster = PlanInput(
+                nodes, HoldingViews(self.sim, nodes), self.config, self.rules, self.memo
+            )
+            self.cluster = cluster
         demands = [self._demand(job) for job in candidates]
         plan = plan_reservations(demands, cluster, self.held, moment(now))
         before = self.promised
@@ -319,17 +334,9 @@ class Reserving(Greedy):
                 self.watch_nodes[n] = min(start, self.watch_nodes.get(n, math.inf))
 
     def _refresh(self) -> None:
-        """The nodes that changed since the last plan, as the extender sees them."""
-        sim = self.sim
-        changed = []
-        for n in sim.take_dirty():
-            if not self._relevant(n):
-                continue
-            state, held = sim.view(n)
-            self.nodes[state.name] = state
-            self.holdings[state.name] = held
-            changed.append(state.name)
-        self.memo.changed(changed)
+        """Tell the plans' memo which nodes changed since the last plan."""
+        names = self.sim.names
+        self.memo.changed(names[n] for n in self.sim.take_dirty())
 
 
 @dataclass(slots=True)
