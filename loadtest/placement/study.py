@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from cluster import jsonio
+from loadtest.inputs.seeds import parse_seeds
 from loadtest.inputs.traces import (
     DEFAULT_DATA_DIR,
     OPENB,
@@ -293,15 +294,6 @@ def table(
 def _str_keys(values: dict[int, float]) -> dict[str, float]:
     """JSON objects have string keys: arrived % as text."""
     return {str(k): v for k, v in values.items()}
-
-
-def parse_seeds(text: str) -> tuple[int, ...]:
-    """``42-51`` or ``42,45``."""
-    seeds: list[int] = []
-    for part in text.split(","):
-        low, sep, high = part.partition("-")
-        seeds.extend(range(int(low), int(high) + 1) if sep else [int(low)])
-    return tuple(seeds)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from cluster import jsonio
 from extender.reservations import ReservationRules
+from loadtest.inputs.seeds import parse_seeds
 from loadtest.inputs.traces import (
     DEFAULT_DATA_DIR,
     OPENB_POD_VARIANTS,
@@ -64,15 +65,6 @@ def run_task(task: Task) -> tuple[str, int, Figures, float]:
     rules = ReservationRules(max_reservations=task.max_reservations)
     result = simulate(nodes, pool, task.spec, task.seed, task.policy, rules=rules)
     return task.policy, task.seed, run_figures(result), time.perf_counter() - started
-
-
-def parse_seeds(text: str) -> tuple[int, ...]:
-    """``42-51`` or ``42,45``."""
-    seeds: list[int] = []
-    for part in text.split(","):
-        low, sep, high = part.partition("-")
-        seeds.extend(range(int(low), int(high) + 1) if sep else [int(low)])
-    return tuple(seeds)
 
 
 def main(argv: list[str] | None = None) -> int:

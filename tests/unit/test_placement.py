@@ -17,6 +17,7 @@ from cluster.model import PodKey
 from extender.config import ExtenderConfig, mix_from_demands
 from extender.context import PodContext
 from extender.scores import score_node
+from loadtest.inputs.seeds import parse_seeds
 from loadtest.inputs.traces import TraceNode, node_object
 from loadtest.placement import fgd
 from loadtest.placement.fgd import Shape
@@ -32,7 +33,7 @@ from loadtest.placement.policies import (
     demand_of,
     node_state,
 )
-from loadtest.placement.study import parse_seeds, play, wire_best
+from loadtest.placement.study import play, wire_best
 
 CPU_POD = Shape(cpu_milli=4000, memory_mib=1024, num_gpu=0, gpu_milli=0)
 
