@@ -75,7 +75,7 @@ from cluster import logs
 from cluster.clock import Clock
 from server.connection import Connection
 from server.deadline import Deadline
-from server.direct import Reply, Route, status_body
+from server.direct import JSON, Reply, Route, status_body
 from server.httphead import Head
 from server.serving_settings import Limits
 
@@ -103,7 +103,6 @@ TimeoutOf = Callable[[str, str, str], float | None]
 """Seconds the client of a request waits for its answer, from its method, path and
 undecoded query; ``None``: no deadline."""
 
-JSON = "application/json"
 CANCEL_WAIT_S: Final = 0.5
 """After the shutdown grace: how long a cancelled handler has to end."""
 

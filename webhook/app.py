@@ -19,7 +19,6 @@ from collections.abc import AsyncIterator, Mapping
 
 from aiohttp import web
 
-from cluster import jsonio
 from cluster.clock import Clock, SystemClock
 from cluster.files import load_objects
 from cluster.kube import KubeClient, KubeConfig
@@ -29,6 +28,7 @@ from server.direct import Call, Reply, Route, query_value
 from server.guard import ConnectionGuard, TimeoutOf
 from webhook.metrics import WebhookMetrics
 from webhook.owners import ControllerUsers
+from webhook.review import encode_status
 from webhook.review_flow import review
 from webhook.rules.outcome import AdmitConfig
 from webhook.settings import MAX_TIMEOUT_S, WebhookSettings
@@ -44,15 +44,8 @@ ENVIRON = web.AppKey("environ", Mapping[str, str])
 
 
 def _bad_request(reason: str) -> Reply:
-    body = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "status": "Failure",
-        "code": 400,
-        "reason": "BadRequest",
-        "message": reason,
-    }
-    return Reply(400, jsonio.dumps(body))
+    """A body that cannot be read: a ``Status``, as every other 400 of the webhook."""
+    return Reply(400, encode_status(400, "BadRequest", reason))
 
 
 KNOWN_QUERIES = 64
