@@ -124,6 +124,15 @@ class NodeMemo:
         return len(self._entries)
 
 
+class _Forgetful(NodeMemo):
+    """A ``NodeMemo`` that keeps nothing (``DecisionCache(keep=False)``)."""
+
+    __slots__ = ()
+
+    def put(self, node: NodeState, value: object) -> None:
+        pass
+
+
 @dataclass(slots=True)
 class _ByName:
     log: NodeChangeLog
@@ -154,14 +163,20 @@ class DecisionCache:
         "_per_node",
         "config",
         "fragmentation",
+        "keep",
         "states",
     )
 
-    def __init__(self, config: ExtenderConfig) -> None:
+    def __init__(self, config: ExtenderConfig, *, keep: bool = True) -> None:
+        """``keep=False``: a cache that keeps no answer, for a caller that never shows
+        a node object twice and keeps its own answers (the placement study makes a
+        fresh ``NodeState`` per decision): kept, they would never be read again, only
+        walked by the garbage collector."""
         self.config: Final = config
-        self.states = NodeMemo()
+        self.keep: Final = keep
+        self.states = NodeMemo() if keep else _Forgetful()
         """Each node's ``gpu_state``."""
-        self.fragmentation = NodeMemo()
+        self.fragmentation = NodeMemo() if keep else _Forgetful()
         """Each node's own fragmentation, the same for every pod scored on it."""
         self._per_node: dict[Hashable, NodeMemo] = {}
         self._by_state: dict[tuple[Hashable, Hashable], object] = {}
@@ -170,13 +185,15 @@ class DecisionCache:
 
     def per_node(self, key: Hashable) -> NodeMemo:
         """The answers under ``key`` by node object; a request fetches it once."""
-        return _lru(self._per_node, key, NodeMemo)
+        return _lru(self._per_node, key, NodeMemo if self.keep else _Forgetful)
 
     def by_state(self, key: Hashable, state: Hashable) -> object:
         """The answer under ``key`` for a node in ``state``, else ``MISSING``."""
         return self._by_state.get((key, state), MISSING)
 
     def keep_by_state(self, key: Hashable, state: Hashable, value: object) -> None:
+        if not self.keep:
+            return
         table = self._by_state
         if len(table) >= _BY_STATE_KEPT:
             table.clear()
@@ -189,10 +206,11 @@ class DecisionCache:
         reads the node and the pod's shape, never the time or a gang.
 
         ``None`` when nothing can be kept: a snapshot from outside the cache (nodes
-        given in a request), or one older than the answers kept.
+        given in a request), or one older than the answers kept, or a cache that keeps
+        nothing.
         """
         log = snapshot.node_log
-        if log is None:
+        if log is None or not self.keep:
             return None
         kept = self._by_name.get(key)
         if kept is None or kept.log is not log:
@@ -222,7 +240,8 @@ class DecisionCache:
         return found
 
     def carry(self, key: Hashable, value: object) -> None:
-        _keep(self._carried, key, value)
+        if self.keep:
+            _keep(self._carried, key, value)
 
     def sizes(self) -> Mapping[str, int]:
         """Entries of each kind of table, for tests and a curious operator."""

@@ -251,13 +251,14 @@ class Tessera:
     contexts: dict[Shape, PodContext] = field(default_factory=dict)
     memo: dict[tuple[Any, ...], tuple[float, tuple[int, ...]] | None] = field(default_factory=dict)
     decisions: DecisionCache | None = None
-    """The extender's decision cache of ``config``, made with the first context."""
+    """The extender's decision cache of ``config``, made with the first context. It keeps
+    nothing: every decision here is on a fresh ``NodeState``, and ``memo`` keeps them."""
 
     def _context(self, s: Shape) -> PodContext:
         ctx = self.contexts.get(s)
         if ctx is None:
             if self.decisions is None:
-                self.decisions = DecisionCache(self.config)
+                self.decisions = DecisionCache(self.config, keep=False)
             ctx = self.contexts[s] = PodContext(
                 pod=PodKey("trace/pod"),
                 demand=demand_of(s),

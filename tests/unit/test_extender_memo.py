@@ -425,3 +425,33 @@ def test_a_gang_members_answers_by_name_are_those_of_each_node_judged_whole(
                 assert isinstance(verdict, Unfit)
                 where = kept.failed if verdict.resolvable else kept.unresolvable
                 assert where.get(NodeName(name)) == verdict.reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(layouts=_LAYOUTS, steps=_GANG_STEPS, node_=nodes(), demand_=DEMANDS, config=CONFIGS)
+def test_a_cache_that_keeps_nothing_decides_as_one_that_keeps_and_keeps_nothing(
+    layouts: list[str],
+    steps: list[tuple[str, int]],
+    node_: NodeState,
+    demand_: PodDemand,
+    config: ExtenderConfig,
+) -> None:
+    """``DecisionCache(keep=False)`` (the placement study's, which shows each node object
+    once): the same verdicts and scores, on one node and for gang members and lone pods
+    over a changing cluster, and no table that grows."""
+    forgetful = DecisionCache(config, keep=False)
+    for _ in range(2):
+        assert _decide(node_, demand_, forgetful) == _fresh(node_, demand_, config)
+    names = [f"n{i}" for i in range(6)]
+    forgetful = DecisionCache(CONFIG, keep=False)
+    for live, _fresh_snap in _changing_cluster(layouts, steps):
+        for want in (pod("asking", _TEAM_MEMBER), pod("lone", demand(2))):
+            assert filter_nodes(live, want, names, CONFIG, NOW, memo=forgetful) == filter_nodes(
+                live, want, names, CONFIG, NOW
+            )
+            assert score_nodes(live, want, names, CONFIG, NOW, memo=forgetful) == score_nodes(
+                live, want, names, CONFIG, NOW
+            )
+    sizes = forgetful.sizes()
+    assert sizes["by_state"] == sizes["by_name"] == sizes["carried"] == 0
+    assert len(forgetful.states) == len(forgetful.fragmentation) == 0
