@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Final, TypeAlias, cast
+from typing import Final, TypeAlias
 
 from cluster.model import GangSpec, NodeName, PodDemand, PodKey
 from extender.config import ExtenderConfig, TopologyLevel
@@ -143,21 +143,20 @@ class PodContext:
     maintenance window share it, reason text and all."""
 
     def __post_init__(self) -> None:
-        memo = cast("DecisionCache | None", self.memo)
+        memo: DecisionCache | None = self.memo
         if memo is None:
             memo = DecisionCache(self.config)
             object.__setattr__(self, "memo", memo)
         elif memo.config is not self.config:
             raise ValueError("a decision cache answers only for the config it was made for")
         d = self.demand
-        keys = (
-            ("shape", "verdicts", ShapeKey(d.gpus, d.gpu_milli, d.products)),
-            ("fit_shape", "fits", FitShape(d.gpus, d.gpu_milli)),
-            ("score_shape", "scores", ScoreShape(d.gpus, d.gpu_milli, d.cpu_milli)),
-        )
-        for key_field, table_field, key in keys:
-            object.__setattr__(self, key_field, key)
-            object.__setattr__(self, table_field, memo.per_node(key))
+        tables = memo.shape_tables(d)
+        object.__setattr__(self, "shape", tables.shape)
+        object.__setattr__(self, "fit_shape", tables.fit_shape)
+        object.__setattr__(self, "score_shape", tables.score_shape)
+        object.__setattr__(self, "verdicts", tables.verdicts)
+        object.__setattr__(self, "fits", tables.fits)
+        object.__setattr__(self, "scores", tables.scores)
         limit = d.time_limit_s
         ends = None if limit is None else self.now + timedelta(seconds=limit)
         object.__setattr__(self, "ends", ends)

@@ -40,27 +40,33 @@ def build_context(
 ) -> PodContext:
     """The context of ``pod`` deciding against ``snapshot`` at time ``now``, with the
     decision cache ``memo`` of ``config`` (None: a fresh one, which keeps nothing)."""
-    ctx = PodContext(pod=pod.key, demand=pod.demand, now=now, config=config, memo=memo)  # type: ignore[arg-type]
+    memo = DecisionCache(config) if memo is None else memo
     spec = pod.demand.gang
-    if spec is None:
-        return ctx
-    gang = _gang_view(snapshot, ctx, spec)
-    return PodContext(
-        pod=pod.key, demand=pod.demand, now=now, config=config, gang=gang, memo=ctx.memo
-    )
+    gang = None
+    if spec is not None:
+        gang = _gang_view(snapshot, pod, spec, config=config, now=now, memo=memo)
+    return PodContext(pod=pod.key, demand=pod.demand, now=now, config=config, gang=gang, memo=memo)
 
 
-def _gang_view(snapshot: Snapshot, ctx: PodContext, spec: GangSpec) -> GangView:
+def _gang_view(
+    snapshot: Snapshot,
+    pod: PodInfo,
+    spec: GangSpec,
+    *,
+    config: ExtenderConfig,
+    now: datetime,
+    memo: DecisionCache,
+) -> GangView:
     members = tuple(
         snapshot.allocations[key].node
         for key in snapshot.gangs.get(spec.id, ())
-        if key != ctx.pod and key in snapshot.allocations
+        if key != pod.key and key in snapshot.allocations
     )
     required = preferred = None
     unknown = None
-    topology = ctx.demand.topology
+    topology = pod.demand.topology
     if topology is not None:
-        level = ctx.config.level(topology.level)
+        level = config.level(topology.level)
         if topology.mode is TopologyMode.PREFERRED:
             preferred = level
         elif level is not None:
@@ -68,7 +74,7 @@ def _gang_view(snapshot: Snapshot, ctx: PodContext, spec: GangSpec) -> GangView:
         else:
             unknown = topology.level
 
-    counts: dict[str, dict[str, int]] = {label: {} for label in _locality_labels(ctx.config)}
+    counts: dict[str, dict[str, int]] = {label: {} for label in _locality_labels(config)}
     located = 0
     for name in members:
         node = snapshot.nodes.get(name)
@@ -89,6 +95,8 @@ def _gang_view(snapshot: Snapshot, ctx: PodContext, spec: GangSpec) -> GangView:
             top = max(placed.values())
             allowed = frozenset(v for v, n in placed.items() if n == top) if required else None
         else:
+            # the room is counted with the pod's context, before its gang is known
+            ctx = PodContext(pod=pod.key, demand=pod.demand, now=now, config=config, memo=memo)
             rooms = _rooms(snapshot, ctx, focus.node_label)
     return GangView(
         spec=spec,
@@ -227,13 +235,13 @@ def _room_tally(snapshot: Snapshot, ctx: PodContext, key: RoomKey) -> _RoomTally
     object), or from scratch the first time."""
     nodes = snapshot.nodes
     carried = cast("_Carried | None", ctx.memo.carried(key))
+    if carried is not None and carried.nodes is nodes:
+        return carried.tally
     entries = ctx.memo.per_node(key)
     if carried is None:
         tally = _RoomTally()
         for node in nodes.values():
             tally.count(node, _room_of(ctx, node, key.label, entries), 1)
-    elif carried.nodes is nodes:
-        return carried.tally
     else:
         seen = carried.nodes
         logged = None

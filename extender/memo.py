@@ -27,6 +27,8 @@ The invalidation rule, for every answer kept here:
 A filter that reads a new field of the node or the pod adds it to its key (and to
 ``gpu_state`` when its answers are kept by state); nothing else keeps verdicts stale.
 Every table is bounded, whatever the workload's variety of pod shapes and nodes.
+Besides answers, a cache keeps each pod shape's keys (``ShapeTables``), under the
+demand's fields they name.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Final, TypeVar
 
-from cluster.model import NodeName, NodeSelection, NodeState
+from cluster.model import NodeName, NodeSelection, NodeState, PodDemand
 from cluster.snapshot import NodeChangeLog, Snapshot
 from extender.config import ExtenderConfig
 
@@ -133,6 +135,21 @@ class _Forgetful(NodeMemo):
         pass
 
 
+@dataclass(frozen=True, slots=True)
+class ShapeTables:
+    """The keys of what the filters and scorers read of a pod of one shape, and the
+    tables kept under them by node object: made once per shape
+    (``DecisionCache.shape_tables``), so that a request neither builds nor hashes a
+    key to find them."""
+
+    shape: ShapeKey
+    fit_shape: FitShape
+    score_shape: ScoreShape
+    verdicts: NodeMemo
+    fits: NodeMemo
+    scores: NodeMemo
+
+
 @dataclass(slots=True)
 class _ByName:
     log: NodeChangeLog
@@ -161,6 +178,7 @@ class DecisionCache:
         "_by_state",
         "_carried",
         "_per_node",
+        "_shapes",
         "config",
         "fragmentation",
         "keep",
@@ -182,10 +200,34 @@ class DecisionCache:
         self._by_state: dict[tuple[Hashable, Hashable], object] = {}
         self._by_name: dict[Hashable, _ByName] = {}
         self._carried: dict[Hashable, object] = {}
+        self._shapes: dict[Hashable, ShapeTables] = {}
 
     def per_node(self, key: Hashable) -> NodeMemo:
         """The answers under ``key`` by node object; a request fetches it once."""
         return _lru(self._per_node, key, NodeMemo if self.keep else _Forgetful)
+
+    def shape_tables(self, demand: PodDemand) -> ShapeTables:
+        """The keys of ``demand``'s shape and the tables under them (``per_node``), kept
+        by the fields of the demand they name."""
+        fields = (demand.gpus, demand.gpu_milli, demand.products, demand.cpu_milli)
+        found = self._shapes.get(fields)
+        if found is None:
+            if len(self._shapes) >= _TABLES_KEPT:
+                self._shapes.clear()  # a workload of many shapes: made again as needed
+            gpus, milli, products, cpu = fields
+            shape = ShapeKey(gpus, milli, products)
+            fit_shape = FitShape(gpus, milli)
+            score_shape = ScoreShape(gpus, milli, cpu)
+            found = ShapeTables(
+                shape,
+                fit_shape,
+                score_shape,
+                self.per_node(shape),
+                self.per_node(fit_shape),
+                self.per_node(score_shape),
+            )
+            self._shapes[fields] = found
+        return found
 
     def by_state(self, key: Hashable, state: Hashable) -> object:
         """The answer under ``key`` for a node in ``state``, else ``MISSING``."""
@@ -250,6 +292,7 @@ class DecisionCache:
             "by_state": len(self._by_state),
             "by_name": len(self._by_name),
             "carried": len(self._carried),
+            "shapes": len(self._shapes),
         }
 
 
