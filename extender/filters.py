@@ -194,9 +194,29 @@ def _share_verdict(node: NodeState, milli: int) -> Verdict:
 def filter_gang_domain(ctx: PodContext, node: NodeState) -> Verdict:
     """``required:<level>``: once a member is placed or assumed, only its domain. Every
     reason it gives is unresolvable: evicting pods moves no gang member."""
+    return gang_domain_verdict(ctx, _domain(ctx, node))
+
+
+def _domain(ctx: PodContext, node: NodeState) -> str | None:
+    """The node's domain at the level the pod's gang requires (None: no such level, or
+    the node has no label there): all the gang filters read of a node."""
+    gang = ctx.gang
+    level = None if gang is None else gang.required
+    return None if level is None else node.domains.get(level.node_label)
+
+
+def gang_domain_verdict(ctx: PodContext, value: str | None) -> Verdict:
+    """``filter_gang_domain`` on a node whose domain at the required level is ``value``."""
     gang = ctx.gang
     if gang is None:
         return FIT
+    allowed = gang.allowed_domains
+    if allowed is not None and value is not None:
+        # the common case once a member is placed, answered first: thousands of nodes
+        # (allowed domains come only with a known required level)
+        if value in allowed:
+            return FIT
+        return gang.reasons.get(_OUTSIDE) or _outside(gang, gang.required, allowed)  # type: ignore[arg-type]
     if gang.unknown_level is not None:
         known = ", ".join(level.name for level in ctx.config.levels)
         return Unfit(
@@ -207,7 +227,6 @@ def filter_gang_domain(ctx: PodContext, node: NodeState) -> Verdict:
     level = gang.required
     if level is None:
         return FIT
-    value = node.domains.get(level.node_label)
     if value is None:
         return Unfit(
             f"node has no {level.node_label} label; gang {gang.spec.id} must stay in one "
@@ -220,15 +239,18 @@ def filter_gang_domain(ctx: PodContext, node: NodeState) -> Verdict:
     return _outside(gang, level, allowed)
 
 
+_OUTSIDE: Final = "outside"
+
+
 def _outside(gang: GangView, level: TopologyLevel, allowed: frozenset[str]) -> Unfit:
     """The verdict on every node outside the gang's domain at ``level``: one text for
     all, so that kube-scheduler's event counts them as one reason (``4990 node(s) ...``)
     rather than listing each other domain by name."""
-    verdict = gang.reasons.get("outside")
+    verdict = gang.reasons.get(_OUTSIDE)
     if verdict is None:
         where = " or ".join(sorted(allowed))
         placed = gang.member_domains.get(level.node_label, {}).get(min(allowed), 0)
-        verdict = gang.reasons["outside"] = Unfit(
+        verdict = gang.reasons[_OUTSIDE] = Unfit(
             f"gang {gang.spec.id} has {_members(placed)} in {level.name} {where}; "
             f"the node is in another {level.name}",
             resolvable=False,
@@ -239,15 +261,23 @@ def _outside(gang: GangView, level: TopologyLevel, allowed: frozenset[str]) -> U
 def filter_gang_room(ctx: PodContext, node: NodeState) -> Verdict:
     """``required:<level>``: the first member goes only to a domain with room for the
     gang's ``min`` members (counted as whole pods that fit, node by node)."""
+    return gang_room_verdict(ctx, _domain(ctx, node), node)
+
+
+def gang_room_verdict(ctx: PodContext, value: str | None, node: NodeState | None = None) -> Verdict:
+    """``filter_gang_room`` on a node whose domain at the required level is ``value``:
+    ``node`` as given (it may differ from the snapshot's: ``domain_room``), or None for
+    the node as the snapshot counts it, whose room is its domain's as counted."""
     gang = ctx.gang
     if gang is None or gang.required is None or gang.rooms is None:
         return FIT
-    level = gang.required
-    value = node.domains.get(level.node_label)
     if value is None:
         return FIT  # filter_gang_domain reports the missing label
-    free, total = domain_room(ctx, gang, value, node)
-    return room_verdict(gang, level, free, total)
+    if node is None:
+        free, total = gang.rooms.free.get(value, 0), gang.rooms.total.get(value, 0)
+    else:
+        free, total = domain_room(ctx, gang, value, node)
+    return room_verdict(gang, gang.required, free, total)
 
 
 def room_verdict(gang: GangView, level: TopologyLevel, free: int, total: int) -> Verdict:
