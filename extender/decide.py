@@ -4,7 +4,8 @@ Layer: PURE. Functions from (snapshot, pod, candidates, config, time) to plain r
 no I/O, no clock (``now`` is a value), no cluster cache (a ``Snapshot`` is all they read
 of the cluster), no pydantic, no aiohttp. Each takes the config's decision cache
 (``memo``, an ``extender.memo.DecisionCache``) beside the snapshot, and reaches it only
-through the filters and scorers (and ``DecisionCache.by_name``). ``verbs`` feeds them
+through the filters and scorers (and the answers kept by node name:
+``DecisionCache.by_name``, ``gangs.kept_facts``). ``verbs`` feeds them
 decoded requests; the HTTP shell owns the caches, assumes what ``plan_bind`` chose, and
 calls the API.
 
@@ -47,8 +48,8 @@ from cluster.model import (
 from cluster.snapshot import Snapshot, apply_allocation
 from extender.config import ExtenderConfig
 from extender.context import FIT, PodContext, Unfit, Verdict
-from extender.filters import run_filters
-from extender.gangs import build_context
+from extender.filters import NodeFacts, judge, judge_facts, node_facts, run_filters
+from extender.gangs import build_context, kept_facts
 from extender.gpus import choose_gpus
 from extender.memo import MISSING, DecisionCache, ScoreShape, ShapeKey
 from extender.scores import MAX_SCORE, applied_weight, clamp_score, score_node, static_score
@@ -99,32 +100,43 @@ def filter_nodes(
         return FilterOutcome((), MappingProxyType({}), MappingProxyType(refused))
     ctx = build_context(snapshot, pod, config, now, memo)
     nodes = snapshot.nodes
-    # A lone pod's verdicts by name, which are also those of a gang member whose gang
-    # refuses no node: one look-up per candidate in the common case. A draining node's
-    # verdict reads the time: judged whole every time.
-    lone = ctx.gang is None or not ctx.gang.refuses_nodes
-    kept = ctx.memo.by_name(snapshot, ctx.shape) if lone else None
-    known = cast("dict[NodeName, Verdict]", kept if kept is not None else {})
+    # Answers kept by node name, one look-up per candidate: a lone pod's verdicts (also
+    # those of a gang member whose gang refuses no node), and for a node that drains,
+    # whose verdict reads the time, what judges it (``NodeFacts``); a member whose gang
+    # requires a level finds each node's ``NodeFacts`` (``gangs.kept_facts``).
+    gang = ctx.gang
+    lone = gang is None or not gang.refuses_nodes
+    table = ctx.memo.by_name(snapshot, ctx.shape) if lone else kept_facts(snapshot, ctx)
+    known = cast("dict[NodeName, Verdict | NodeFacts]", table if table is not None else {})
+    find = known.get
     fits: list[NodeName] = []
     failed: dict[NodeName, str] = {}
     hopeless: dict[NodeName, str] = dict(unresolvable or {})
     for name in cast("Iterable[NodeName]", node_names):
         if name in hopeless:
             continue  # named twice, or given as unresolvable
-        verdict = known.get(name)
+        verdict = find(name)
         if verdict is None:
             node = nodes.get(name)
             if node is None:
                 hopeless[name] = _not_cached(name)
                 continue
             verdict = run_filters(ctx, node)
-            if kept is not None and node.drain_after is None:
-                known[name] = verdict
+            if table is not None:
+                steady = lone and node.drain_after is None
+                known[name] = verdict if steady else node_facts(ctx, node)
         if verdict is FIT:
             fits.append(name)
-        else:
-            assert isinstance(verdict, Unfit)
-            (failed if verdict.resolvable else hopeless)[name] = verdict.reason
+            continue
+        if verdict.__class__ is not Unfit:
+            # facts (FIT is told above): told after the verdicts a lone pod finds
+            facts: NodeFacts = verdict  # type: ignore[assignment]
+            verdict = judge(ctx, facts.value, facts.verdicts, facts.plan)
+            if verdict is FIT:
+                fits.append(name)
+                continue
+        # an Unfit here: FIT and facts were told above
+        (failed if verdict.resolvable else hopeless)[name] = verdict.reason  # type: ignore[union-attr]
     return FilterOutcome(tuple(fits), MappingProxyType(failed), MappingProxyType(hopeless))
 
 
@@ -159,6 +171,7 @@ def score_nodes(
     # shape costs a look-up.
     kept = ctx.memo.by_name(snapshot, _Scored(ctx.shape, ctx.score_shape)) if plain else None
     known_scores = cast("dict[NodeName, float | None]", kept if kept is not None else {})
+    facts = None if plain else kept_facts(snapshot, ctx)  # as in filter_nodes
     # a kept score may be None (the pod does not fit): one look-up tells it from no entry
     scored: list[float | None] = []
     for name in cast("Iterable[NodeName]", node_names):
@@ -170,7 +183,8 @@ def score_nodes(
         if node is None:
             scored.append(None)
             continue
-        if run_filters(ctx, node) is not FIT:
+        fact = facts.get(name) if facts is not None else None
+        if (run_filters(ctx, node) if fact is None else judge_facts(ctx, fact)) is not FIT:
             score = None
         elif plain:
             static = static_score(ctx, node)

@@ -5,18 +5,33 @@ time arrives in the context), no settings, no aiohttp. Must not score, choose GP
 (``gpus.choose_gpus`` does; the GPU filter is "it found some") or reach into the
 decision cache but through the context's tables and ``memo.gpu_state``.
 
-``FILTERS`` is the pipeline, and ``run_filters`` is the only code that runs it: each
-filter in order, the first unresolvable reason wins (it tells kube-scheduler not to try
+``FILTERS`` is the pipeline, and ``judge`` is the only code that runs it: each filter
+in order, the first unresolvable reason wins (it tells kube-scheduler not to try
 preemption there), else the first resolvable one. The filters in ``NODE_FILTERS`` read
-only the node and the pod's shape: ``run_filters`` judges them as one group
-(``node_verdicts``), kept in the decision cache by node and by node state. Adding a
-filter is adding it to ``FILTERS`` (and to ``NODE_FILTERS`` when that is all it reads).
+only the node and the pod's shape: they are judged as one group (``node_verdicts``),
+kept in the decision cache by node and by node state.
+
+``judge`` takes a node as the parts of a ``NodeFacts``: the node itself and its
+``NODE_FILTERS`` verdicts (``run_filters``), or what is kept of it by name in the
+decision cache (``node_facts``): for a node that does not drain, its domain at the
+gang's level and the verdict of each run of ``STEADY_FILTERS``, the other filters being
+functions of the domain (``BY_DOMAIN``). That is how a gang member's thousands of
+candidates are judged without reading them.
+
+Adding a filter is adding it to ``FILTERS``; to ``NODE_FILTERS`` when it reads only
+the node and the pod's shape (``memo.ShapeKey``); to ``STEADY_FILTERS`` when it reads
+no more than that of a node that does not drain; to ``BY_DOMAIN`` when it reads only
+the domain. A filter in none of them is judged on the node itself (``KEPT_JUDGES``
+turns False: slower, never wrong). A property test holds judging kept facts to judging
+the node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Final, TypeAlias
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final, TypeAlias
 
 from cluster.labels import GPU_RESOURCE
 from cluster.model import (
@@ -29,7 +44,7 @@ from cluster.model import (
 from extender.config import TopologyLevel
 from extender.context import FIT, GangView, PodContext, Unfit, Verdict
 from extender.gpus import islands, one_island, pod_fits
-from extender.memo import MISSING, gpu_state
+from extender.memo import MISSING, FactsKey, gpu_state
 from extender.promises import Promise, promise_verdict
 
 Filter: TypeAlias = Callable[[PodContext, NodeState], Verdict]
@@ -363,34 +378,145 @@ domain comes first: outside it nothing else about a node matters to the member, 
 reason it gives is unresolvable, and so most nodes are answered by it alone once a
 member is placed."""
 
+DomainForm: TypeAlias = Callable[[PodContext, str | None], Verdict]
+
+BY_DOMAIN: Final[Mapping[Filter, DomainForm]] = MappingProxyType(
+    {filter_gang_domain: gang_domain_verdict, filter_gang_room: gang_room_verdict}
+)
+"""The filters that read of a node of the cache's snapshot only its domain at the level
+the pod's gang requires, each as a function of that domain."""
+
+STEADY_FILTERS: Final[frozenset[Filter]] = frozenset((*NODE_FILTERS, filter_maintenance))
+"""The filters that read only the node and the pod's shape (``memo.ShapeKey``) of a
+node that does not drain (the maintenance filter reads the time only of one that
+does): where they follow one another in ``FILTERS``, ``NodeFacts`` of such a node keep
+their verdict together."""
+
+Plan: TypeAlias = tuple[tuple[Callable[[PodContext, Any], Verdict] | None, int], ...]
+"""Steps of the pipeline, in order: ``(check, -1)``, a function of the context and of
+what is judged; or ``(None, at)``, the verdict at ``at`` among those kept."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """A node as the pipeline judges it (``judge``): the steps of ``plan``, each a
+    check given ``value`` or the verdict at its place in ``verdicts``. Either
+
+    * the node itself, its ``NODE_FILTERS`` verdicts and ``FILTERS``, as
+      ``run_filters`` judges any node (kept so of a node that drains: its maintenance
+      verdict reads the time);
+    * or, for a node of the cache's snapshot that does not drain, its domain at the
+      level the pod's gang requires, the verdict of each run of ``STEADY_FILTERS``, and
+      ``FILTERS`` with a run as one step and the other filters in their form on the
+      domain (``BY_DOMAIN``): all a gang member's verdict reads of the node.
+
+    Kept by node name for the cache's snapshots (``node_facts``, ``gangs.kept_facts``),
+    they judge a gang member's candidates, thousands of them, at a look-up each."""
+
+    value: Any
+    verdicts: tuple[Verdict, ...]
+    plan: Plan
+
+
+def judge(ctx: PodContext, value: Any, verdicts: tuple[Verdict, ...], plan: Plan) -> Verdict:
+    """The pipeline: each step of ``plan`` in order, on ``value`` or from ``verdicts``
+    (``NodeFacts``), the first unresolvable reason, else the first resolvable one, else
+    ``FIT``. Applied to a run of steps, then to the run's verdict among the others, the
+    rule gives what it gives applied to them all: so a run can be judged once and kept.
+    Given the parts rather than a ``NodeFacts``: ``run_filters`` makes none."""
+    first: Verdict = FIT
+    for check, at in plan:
+        verdict = verdicts[at] if check is None else check(ctx, value)
+        if verdict is FIT:
+            continue
+        if not verdict.resolvable:  # type: ignore[union-attr]  # FIT is the only Fit
+            return verdict
+        if first is FIT:
+            first = verdict
+    return first
+
+
+def judge_facts(ctx: PodContext, facts: NodeFacts) -> Verdict:
+    """``judge`` on kept facts: ``run_filters`` on the node they were kept of."""
+    return judge(ctx, facts.value, facts.verdicts, facts.plan)
+
+
 _IN_GROUP: Final = {check: at for at, check in enumerate(NODE_FILTERS)}
-_STEPS: Final = tuple((check, _IN_GROUP.get(check)) for check in FILTERS)
-"""``FILTERS``, each with its place in ``NODE_FILTERS`` (None: run on its own)."""
-_LONE_STEPS: Final = tuple(step for step in _STEPS if step[0] not in GANG_FILTERS)
+
+
+def _node_plan(checks: Iterable[Filter]) -> Plan:
+    """``checks`` on a node, the ``NODE_FILTERS`` among them from ``node_verdicts``."""
+    return tuple((None, _IN_GROUP[c]) if c in _IN_GROUP else (c, -1) for c in checks)
+
+
+_PLAN: Final = _node_plan(FILTERS)
+_LONE_PLAN: Final = _node_plan(c for c in FILTERS if c not in GANG_FILTERS)
+
+
+def _steady_plans() -> tuple[tuple[Plan, ...], Plan]:
+    """``FILTERS`` on a node that does not drain, as ``NodeFacts`` keep it: the node plan
+    of each run of ``STEADY_FILTERS``, and the plan where a run is its kept verdict and
+    each other filter judges the domain (``BY_DOMAIN``). None if another filter reads
+    more of a node."""
+    runs: list[Plan] = []
+    steps: list[tuple[DomainForm | None, int]] = []
+    run: list[Filter] = []
+    for check in (*FILTERS, None):
+        if check in STEADY_FILTERS:
+            run.append(check)
+            continue
+        if run:
+            steps.append((None, len(runs)))
+            runs.append(_node_plan(run))
+            run = []
+        if check is None:
+            break
+        form = BY_DOMAIN.get(check)
+        if form is None:
+            return (), ()
+        steps.append((form, -1))
+    return tuple(runs), tuple(steps)
+
+
+_RUN_PLANS, _STEADY_PLAN = _steady_plans()
+
+KEPT_JUDGES: Final = bool(_STEADY_PLAN)
+"""Whether ``NodeFacts`` kept of a node that does not drain judge it without reading
+it: every filter is in ``STEADY_FILTERS`` or ``BY_DOMAIN``. Otherwise they keep the
+node itself."""
 
 
 def run_filters(ctx: PodContext, node: NodeState) -> Verdict:
-    """The pipeline: ``FILTERS`` in order, the first unresolvable reason, else the first
-    resolvable one, else ``FIT``. The ``NODE_FILTERS`` come from ``node_verdicts``, read
-    once the first of them is reached; the ``GANG_FILTERS`` are left out for a pod whose
-    gang refuses no node, since they pass every node then."""
+    """``FILTERS`` on ``node`` (``judge``), the ``NODE_FILTERS`` from ``node_verdicts``;
+    the ``GANG_FILTERS`` are left out for a pod whose gang refuses no node, since they
+    pass every node then."""
+    return judge(ctx, node, node_verdicts(ctx, node), _plan(ctx))
+
+
+def _plan(ctx: PodContext) -> Plan:
     gang = ctx.gang
-    steps = _STEPS if gang is not None and gang.refuses_nodes else _LONE_STEPS
-    own: tuple[Verdict, ...] | None = None
-    first: Unfit | None = None
-    for check, at in steps:
-        if at is None:
-            verdict = check(ctx, node)
-        else:
-            if own is None:
-                own = node_verdicts(ctx, node)
-            verdict = own[at]
-        if isinstance(verdict, Unfit):
-            if not verdict.resolvable:
-                return verdict
-            if first is None:
-                first = verdict
-    return first or FIT
+    return _PLAN if gang is not None and gang.refuses_nodes else _LONE_PLAN
+
+
+def node_facts(ctx: PodContext, node: NodeState) -> NodeFacts:
+    """What to keep by name of ``node``, of the cache's snapshot, for ``ctx``'s shape and
+    gang level. Of a node that does not drain, its domain and the verdicts of the runs:
+    one object for all nodes with these facts, kept in the decision cache by them, so
+    that a request reads a few hundred objects, not one per candidate."""
+    own = node_verdicts(ctx, node)
+    if node.drain_after is not None or not _STEADY_PLAN:
+        return NodeFacts(node, own, _plan(ctx))  # the maintenance verdict reads the time
+    domain = _domain(ctx, node)
+    runs = tuple(judge(ctx, node, own, plan) for plan in _RUN_PLANS)
+    gang = ctx.gang
+    level = None if gang is None else gang.required
+    key = FactsKey(ctx.shape, "" if level is None else level.node_label)
+    memo = ctx.memo
+    found = memo.by_state(key, (domain, runs))
+    if found is MISSING:
+        found = NodeFacts(domain, runs, _STEADY_PLAN)
+        memo.keep_by_state(key, (domain, runs), found)
+    return found  # type: ignore[return-value]
 
 
 def node_verdicts(ctx: PodContext, node: NodeState) -> tuple[Verdict, ...]:

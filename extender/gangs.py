@@ -25,8 +25,15 @@ from cluster.model import GangSpec, NodeName, NodeState, PodDemand, PodInfo, Pod
 from cluster.snapshot import NodeChangeLog, Snapshot
 from extender.config import ExtenderConfig
 from extender.context import FIT, DomainRooms, GangView, PodContext
-from extender.filters import ROOM_FILTERS, filter_maintenance, member_fits, passes
-from extender.memo import MISSING, DecisionCache, NodeMemo, RoomKey
+from extender.filters import (
+    ROOM_FILTERS,
+    NodeFacts,
+    filter_maintenance,
+    member_fits,
+    node_facts,
+    passes,
+)
+from extender.memo import MISSING, DecisionCache, FactsKey, NodeMemo, RoomKey
 
 _NONE: Final[Mapping[NodeName, int]] = MappingProxyType({})
 
@@ -149,10 +156,11 @@ def prepare_gang_shape(
 ) -> bool:
     """Make ahead what a gang's first member of ``demand``'s shape reads, and keep it
     in ``memo`` as that member's request would: the room per domain at its level
-    (``_rooms``), and on the way each node's verdicts for the shape. The first such
-    request then finds it made, and redoes only the nodes changed since. Doing it for
-    every node takes tens of milliseconds at 5,000 nodes for a shape no request has
-    read yet, which a server does better before its first request than during one.
+    (``_rooms``), and on the way each node's verdicts for the shape, and for a required
+    level each node's facts by name (``kept_facts``). The first such request then finds
+    it made, and redoes only the nodes changed since. Doing it for every node takes
+    tens of milliseconds at 5,000 nodes for a shape no request has read yet, which a
+    server does better before its first request than during one.
 
     False, making nothing, when ``demand`` is no gang member with a topology level the
     config knows.
@@ -165,7 +173,30 @@ def prepare_gang_shape(
         return False
     ctx = PodContext(pod=PodKey(""), demand=demand, now=now, config=memo.config, memo=memo)
     _room_tally(snapshot, ctx, RoomKey(ctx.shape, level.node_label, ctx.demand.selection))
+    if topology.mode is TopologyMode.REQUIRED:
+        # of the gang, a node's facts read only the level: any member's view will do
+        gang = GangView(spec=demand.gang, members=(), required=level)
+        member = PodContext(
+            pod=PodKey(""), demand=demand, now=now, config=memo.config, gang=gang, memo=memo
+        )
+        facts = kept_facts(snapshot, member)
+        if facts is not None:
+            for name, node in snapshot.nodes.items():
+                if name not in facts:
+                    facts[name] = node_facts(member, node)
     return True
+
+
+def kept_facts(snapshot: Snapshot, ctx: PodContext) -> dict[NodeName, NodeFacts] | None:
+    """Each node's ``NodeFacts`` for a member of a gang that requires a known level, kept
+    by name in the decision cache for ``snapshot`` (``memo.FactsKey``: what they read of
+    the pod); None for any other pod, or when nothing can be kept there
+    (``DecisionCache.by_name``)."""
+    gang = ctx.gang
+    if gang is None or gang.required is None:
+        return None
+    key = FactsKey(ctx.shape, gang.required.node_label)
+    return cast("dict[NodeName, NodeFacts] | None", ctx.memo.by_name(snapshot, key))
 
 
 _Room: TypeAlias = tuple[str, int, int] | None

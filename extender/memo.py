@@ -10,8 +10,9 @@ The invalidation rule, for every answer kept here:
 
     An answer is kept under a key that names everything it reads. Of the pod, the key
     is a frozen value naming the fields read (``ShapeKey``, ``FitShape``, ``ScoreShape``,
-    ``RoomKey``). Of the config, nothing: a cache belongs to one config (``config``) and
-    a new config (a new pod mix) gets a new, empty cache. Of the node, one of three:
+    ``RoomKey``, ``FactsKey``). Of the config, nothing: a cache belongs to one config
+    (``config``) and a new config (a new pod mix) gets a new, empty cache. Of the node,
+    one of three:
 
     * the node object (``per_node``): ``NodeState`` is frozen, so a changed node is a
       new object, and an entry answers only for the very object it was made for;
@@ -25,10 +26,10 @@ The invalidation rule, for every answer kept here:
     An answer that reads the time or the request's gang is never kept here.
 
 A filter that reads a new field of the node or the pod adds it to its key (and to
-``gpu_state`` when its answers are kept by state); nothing else keeps verdicts stale.
-Every table is bounded, whatever the workload's variety of pod shapes and nodes.
-Besides answers, a cache keeps each pod shape's keys (``ShapeTables``), under the
-demand's fields they name.
+``gpu_state`` when its answers are kept by state, to ``filters.NodeFacts`` when they
+are kept by name); nothing else keeps verdicts stale. Every table is bounded, whatever
+the workload's variety of pod shapes and nodes. Besides answers, a cache keeps each pod
+shape's keys (``ShapeTables``), under the demand's fields they name.
 """
 
 from __future__ import annotations
@@ -93,6 +94,15 @@ class RoomKey:
     shape: ShapeKey
     label: str
     selection: NodeSelection | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FactsKey:
+    """What ``filters.NodeFacts`` read of the pod: the node-only filters' part
+    (``shape``) and the node label of the level its gang requires (``""``: none)."""
+
+    shape: ShapeKey
+    label: str
 
 
 _GPU_STATE: Final = attrgetter("index", "island", "healthy", "free_milli")

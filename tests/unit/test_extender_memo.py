@@ -25,13 +25,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cluster.model import Allocation, GpuDevice, NodeName, NodeState, PodDemand, PodInfo, PodKey
+from cluster.model import (
+    Allocation,
+    GangId,
+    GangSpec,
+    GpuDevice,
+    NodeName,
+    NodeState,
+    PodDemand,
+    PodInfo,
+    PodKey,
+)
 from cluster.snapshot import Snapshot, apply_allocation, pick_gpus
 from extender.config import ExtenderConfig
 from extender.context import FIT, PodContext, Unfit
 from extender.decide import filter_nodes, score_nodes
-from extender.filters import run_filters
+from extender.filters import KEPT_JUDGES, judge_facts, node_facts, run_filters
 from extender.gangs import build_context, prepare_gang_shape
+from extender.gpus import choose_gpus
 from extender.memo import DecisionCache
 from extender.scores import score_node
 from tests.unit.test_extender_builders import (
@@ -44,7 +55,7 @@ from tests.unit.test_extender_builders import (
     pod,
     snapshot,
 )
-from tests.unit.test_extender_invariants import CONFIGS, DEMANDS, nodes
+from tests.unit.test_extender_invariants import CONFIGS, DEMANDS, TOPOLOGIES, nodes
 
 
 def _node(*free: int) -> NodeState:
@@ -425,6 +436,61 @@ def test_a_gang_members_answers_by_name_are_those_of_each_node_judged_whole(
                 assert isinstance(verdict, Unfit)
                 where = kept.failed if verdict.resolvable else kept.unresolvable
                 assert where.get(NodeName(name)) == verdict.reason
+
+
+_LATE = timedelta(hours=9)
+
+
+@st.composite
+def _judged_clusters(draw: st.DrawFn) -> tuple[Snapshot, PodInfo]:
+    """A few nodes, some cordoned or draining (before or after the pod's time limit
+    ends), some of them holding members of the asking pod's gang."""
+    members = []
+    for i in range(draw(st.integers(1, 5))):
+        made = draw(nodes(f"n{i}"))
+        drain = draw(st.sampled_from([None, None, NOW + timedelta(hours=1), NOW + _LATE]))
+        members.append(replace(made, drain_after=drain, unschedulable=draw(st.booleans())))
+    size = draw(st.integers(1, 4))
+    want = replace(
+        draw(DEMANDS),
+        gang=None if draw(st.booleans()) else GangSpec(GangId("ns.g"), size, size),
+        topology=draw(TOPOLOGIES),
+        time_limit_s=draw(st.sampled_from([None, 3600, 4 * 3600])),
+    )
+    placed: list[PodInfo] = []
+    current = {n.name: n for n in members}
+    for i in range(draw(st.integers(0, 2)) if want.gang is not None else 0):
+        where = draw(st.sampled_from(sorted(current)))
+        chosen = choose_gpus(current[where], want, CONFIG)
+        if chosen:
+            placed.append(pod(f"m{i}", want, node=where, indices=chosen))
+            current[where] = apply_allocation(
+                current[where], Allocation(where, chosen, want.milli_per_gpu), 1
+            )
+    return snapshot(members, placed), pod("asking", want)
+
+
+@settings(max_examples=200)
+@given(cluster=_judged_clusters(), config=CONFIGS)
+def test_a_node_judged_from_its_kept_facts_gets_the_verdict_of_judging_it_whole(
+    cluster: tuple[Snapshot, PodInfo], config: ExtenderConfig
+) -> None:
+    """What ``DecisionCache.by_name`` keeps of a node (``NodeFacts``: its domain at the
+    gang's level, drain time, node-only verdicts) gives the verdict ``run_filters``
+    gives reading the node, for gang members and lone pods, draining nodes and not, a
+    first member and followers; facts made for one pod answer for another of its shape
+    and gang level, whatever its gang."""
+    assert KEPT_JUDGES  # or no gang member is answered by name: slower, never wrong
+    snap, asking = cluster
+    ctx = build_context(snap, asking, config, NOW)
+    # a pod of the same shape in another gang (none of its members placed) or none
+    spec = asking.demand.gang and GangSpec(GangId("ns.other"), 2, 2)
+    other = replace(asking, key=PodKey("ns/other"), demand=replace(asking.demand, gang=spec))
+    twin = build_context(snap, other, config, NOW)
+    for judged in snap.nodes.values():
+        whole = run_filters(ctx, judged)
+        assert judge_facts(ctx, node_facts(ctx, judged)) == whole
+        assert judge_facts(ctx, node_facts(twin, judged)) == whole
 
 
 @settings(max_examples=60, deadline=None)
