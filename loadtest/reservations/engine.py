@@ -195,6 +195,7 @@ def _steady(sim: SimCluster, drawn: Iterator[Warm], spec: WorkloadSpec) -> list[
         started = placer.step(-warm.age, [job], ())
         placer.waiting.clear()
         placer.kinds.clear()
+        placer.order = None
         if not started:
             misses += 1
             continue

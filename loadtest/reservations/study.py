@@ -119,7 +119,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Gang waits, job waits and GPU allocation on an openb trace, with no "
         "reservations (none), Tessera's reservations with backfill (tessera) and EASY "
         "backfilling (easy), on the same arrivals.",
-        epilog=__doc__.split("\n\n")[1] if __doc__ else None,
+        epilog="\n\n".join(__doc__.split("\n\n")[2:]) if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     defaults = WorkloadSpec()
@@ -129,21 +129,50 @@ def _parser() -> argparse.ArgumentParser:
         default=Path(os.environ.get("TESSERA_DATA", DEFAULT_DATA_DIR)),
         help="folder with the shared traces (default: $TESSERA_DATA or ../shared/data)",
     )
-    parser.add_argument("--trace", default="default", help="openb pod list variant")
-    parser.add_argument("--seeds", default="42-51", help="e.g. 42-51 or 42,45")
-    parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
+    parser.add_argument(
+        "--trace", default="default", help="openb pod list variant (default %(default)s)"
+    )
+    parser.add_argument("--seeds", default="42-51", help="e.g. 42-51 (default) or 42,45")
+    parser.add_argument(
+        "--policies", default=",".join(DEFAULT_POLICIES), help="default %(default)s"
+    )
     add = parser.add_argument
-    add("--load", type=float, default=defaults.load, help="GPU demand offered / GPUs")
-    add("--gang-share", type=float, default=defaults.gang_share, help="of the demand, in gangs")
-    add("--limit-factor", type=float, default=defaults.limit_factor, help="time limit / duration")
-    add("--hours", type=float, default=defaults.hours, help="measured arrival window")
-    add("--max-hours", type=float, default=defaults.max_hours, help="durations cut here")
+    add(
+        "--load",
+        type=float,
+        default=defaults.load,
+        help="GPU demand offered / GPUs (default %(default)s)",
+    )
+    add(
+        "--gang-share",
+        type=float,
+        default=defaults.gang_share,
+        help="of the demand, in gangs (default %(default)s)",
+    )
+    add(
+        "--limit-factor",
+        type=float,
+        default=defaults.limit_factor,
+        help="time limit / duration (default %(default)s)",
+    )
+    add(
+        "--hours",
+        type=float,
+        default=defaults.hours,
+        help="measured arrival window (default %(default)s)",
+    )
+    add(
+        "--max-hours",
+        type=float,
+        default=defaults.max_hours,
+        help="durations cut here (default %(default)s)",
+    )
     add("--tail-hours", type=float, default=None, help="default: the longest time limit")
     add(
         "--max-reservations",
         type=int,
         default=ReservationRules().max_reservations,
-        help="tessera: gangs holding a reservation at once",
+        help="tessera: gangs holding a reservation at once (default %(default)s)",
     )
     add("--processes", type=int, default=2)
     add("--json", type=Path, default=None, help="write the figures here")

@@ -19,6 +19,7 @@ from loadtest.__main__ import main
         ("bench-webhook --against kueue", "python -m loadtest bench-webhook --against kueue"),
         ("bench-extender", "python -m loadtest.bench.extender"),
         ("overload", "python -m loadtest overload"),
+        ("reservations", "python -m loadtest reservations"),
     ],
 )
 def test_bench_subcommands_hand_their_arguments_to_the_benchmark(
