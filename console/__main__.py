@@ -24,6 +24,7 @@ from cluster.files import ObjectFileError
 from cluster.kube import KubeClient, KubeConfig, KubeError
 from console import (
     annotate,
+    capacity_cmd,
     node_write_cmd,
     nodes_cmd,
     queues_cmd,
@@ -44,6 +45,7 @@ examples:
   tessera nodes --by-node --cluster-file cluster.yaml
   tessera nodes --node gpu-a-0 -o json
   tessera queues
+  tessera capacity                               # does a team need more quota or more nodes?
   tessera why job/pretrain -n team-nlp             # webhook, Kueue and extender, stage by stage
   tessera why pretrain-0-x7k2p -n team-nlp --extender http://127.0.0.1:8889
   tessera drain gpu-a-0 --at 2026-12-01T02:00:00Z --reason "driver 570"
@@ -110,6 +112,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     commands_.add_parser(
         "queues", parents=[common], help="workloads, GPUs, quota and waits per queue, like squeue"
+    )
+
+    commands_.add_parser(
+        "capacity",
+        parents=[common],
+        help="per flavor and ClusterQueue: quota against GPUs, and whether the work waiting "
+        "needs more quota or more nodes",
     )
 
     why = commands_.add_parser(
@@ -237,6 +246,8 @@ def _command(args: argparse.Namespace, source: Source | None, clock: Clock) -> A
         )
     if args.command == "queues":
         return queues_cmd.queues(source, clock, output=output)
+    if args.command == "capacity":
+        return capacity_cmd.capacity(source, clock, output=output)
     if args.command == "why":
         return why_cmd.why(
             source,

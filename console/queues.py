@@ -35,6 +35,7 @@ from typing import Any
 
 from cluster import labels
 from cluster.convert.demand import read_demand
+from cluster.model import PodDemand
 from cluster.quantity import QuantityError, to_milli
 from console.reading import field_list, field_map, timestamp
 from webhook.queues import Policy
@@ -57,6 +58,10 @@ class Workload:
     gpu_milli: int
     usage: Mapping[tuple[str, str], int]
     """(flavor, resource) → milli-units reserved, for an admitted workload."""
+    pod_sets: tuple[tuple[int, PodDemand], ...] = ()
+    """(pods, what each asks) per pod set, in the Workload's order."""
+    owner: tuple[str, str] | None = None
+    """(kind, name) of the object Kueue made it for (its controller ownerReference)."""
 
     def wait_s(self, now: datetime) -> float | None:
         if self.created is None:
@@ -88,6 +93,7 @@ def workload_from_json(obj: Mapping[str, Any], policy: Policy) -> Workload | Non
     reserved = [conditions[t] for t in _ADMITTED if conditions.get(t, {}).get("status") == "True"]
     admission = field_map(status, "admission")
     gpus = milli = 0
+    pod_sets: list[tuple[int, PodDemand]] = []
     for pod_set in field_list(spec, "podSets"):
         count = pod_set.get("count", 1) if isinstance(pod_set, Mapping) else 0
         count = count if isinstance(count, int) and count > 0 else 0
@@ -99,6 +105,7 @@ def workload_from_json(obj: Mapping[str, Any], policy: Policy) -> Workload | Non
         ).demand
         gpus += count * demand.gpus
         milli += count * demand.gpu_milli
+        pod_sets.append((count, demand))
     usage: dict[tuple[str, str], int] = {}
     if reserved:
         for assignment in field_list(admission, "podSetAssignments"):
@@ -127,7 +134,16 @@ def workload_from_json(obj: Mapping[str, Any], policy: Policy) -> Workload | Non
         gpus=gpus,
         gpu_milli=milli,
         usage=usage,
+        pod_sets=tuple(pod_sets),
+        owner=_controller(meta),
     )
+
+
+def _controller(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    for ref in field_list(meta, "ownerReferences"):
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return str(ref.get("kind") or ""), str(ref.get("name") or "")
+    return None
 
 
 def read_workloads(
