@@ -1,8 +1,9 @@
 """``tessera capacity``: per flavor and ClusterQueue, quota against hardware, and whether
 the work waiting needs more quota or more nodes.
 
-Layer: I/O (it awaits the ``Source``). Reads Nodes, Pods, Kueue's objects and Workloads,
-lets the PURE ``console.capacity_walk`` judge them and renders the report. Must not judge
+Layer: I/O (it awaits the ``Source``). Reads Nodes, Pods, Kueue's objects, Workloads and
+ResourceQuotas, lets the PURE ``console.capacity_walk`` judge them (and ``console.rquota``
+name the namespace quotas that cap what Kueue admits) and renders the report. Must not judge
 anything itself, nor read the environment or the clock (both arrive from ``__main__``).
 """
 
@@ -17,7 +18,8 @@ from console.capacity_walk import capacity_report
 from console.nodes import policy_levels
 from console.output import Output, json_text
 from console.queues import read_workloads
-from console.source import KUEUE_KINDS, Source, build_snapshot
+from console.rquota import conflicts, read_limits
+from console.source import KUEUE_KINDS, Source, build_snapshot, resource_quotas
 from webhook.policy_build import policy_from_objects
 
 WAITING_SHOWN: Final = 20
@@ -31,10 +33,15 @@ async def capacity(source: Source, clock: Clock, *, output: str = "table") -> Ou
     snapshot, cache_problems = build_snapshot(objects, [label for _, label in levels], clock)
     waiting = waiting_pods(workloads, (o for o in objects if o["kind"] == "Pod"), levels)
     report = capacity_report(policy, workloads, snapshot, waiting, levels)
-    notes = tuple(f"note: {p}" for p in (*report.notes, *problems, *cache_problems))
+    quota_objs, unread = await resource_quotas(source)
+    clashes = conflicts(read_limits(quota_objs), policy, workloads)
+    notes = (*(f"note: {p}" for p in (*report.notes, *problems, *cache_problems)), *unread)
     if output == "json":
-        return Output(json_text(report.to_json()), notes)
-    return Output(capacity_text(report), notes)
+        return Output(json_text({**report.to_json(), "resource_quota_conflicts": clashes}), notes)
+    tail = "".join(f"* {clash}\n" for clash in clashes)
+    return Output(
+        capacity_text(report) + (f"\nRESOURCEQUOTA CONFLICTS\n{tail}" if tail else ""), notes
+    )
 
 
 def capacity_text(report: CapacityReport) -> str:

@@ -1,8 +1,10 @@
 """``tessera queues``: pending and admitted work per ClusterQueue and LocalQueue.
 
-Layer: I/O (it awaits the ``Source``). Reads Kueue's objects and Workloads, lets the PURE
-``console.queues`` count them and renders the two tables. Must not count or decide
-anything itself, nor read the environment or the clock (both arrive from ``__main__``).
+Layer: I/O (it awaits the ``Source``). Reads Kueue's objects, Workloads and the
+namespaces' ResourceQuotas, lets the PURE ``console.queues`` count them and
+``console.rquota`` name the quotas that fight Kueue, and renders the tables. Must not
+count or decide anything itself, nor read the environment or the clock (both arrive
+from ``__main__``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from cluster.clock import Clock
 from console import render
 from console.output import Output, json_text
 from console.queues import queues_report, read_workloads
-from console.source import KUEUE_KINDS, Source
+from console.rquota import conflicts, read_limits
+from console.source import KUEUE_KINDS, Source, resource_quotas
 from webhook.policy_build import policy_from_objects
 
 
@@ -20,9 +23,17 @@ async def queues(source: Source, clock: Clock, *, output: str = "table") -> Outp
     policy = policy_from_objects(o for o in objects if o["kind"] != "Workload")
     workloads, problems = read_workloads(objects, policy)
     report = queues_report(policy, workloads, clock.now(), problems)
-    notes = tuple(f"note: {p}" for p in report.problems)
+    quota_objs, unread = await resource_quotas(source)
+    limits = read_limits(quota_objs)
+    clashes = conflicts(limits, policy, workloads)
+    notes = (*(f"note: {p}" for p in report.problems), *unread)
     if output == "json":
-        return Output(json_text(report.to_json()), notes)
+        shown = {
+            **report.to_json(),
+            "resource_quotas": [limit.to_json() for limit in limits],
+            "resource_quota_conflicts": list(clashes),
+        }
+        return Output(json_text(shown), notes)
     d = render.duration
     cq = render.table(
         (
@@ -82,4 +93,5 @@ async def queues(source: Source, clock: Clock, *, output: str = "table") -> Outp
             for q in report.local_queues
         ],
     )
-    return Output(cq + "\n" + lq, notes)
+    tail = "".join(f"* {clash}\n" for clash in clashes)
+    return Output(cq + "\n" + lq + (f"\nRESOURCEQUOTA CONFLICTS\n{tail}" if tail else ""), notes)

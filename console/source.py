@@ -32,6 +32,7 @@ COLLECTIONS: Final = {
     "Job": ("/apis/batch/v1", "jobs"),
     "JobSet": ("/apis/jobset.x-k8s.io/v1alpha2", "jobsets"),
     "Event": ("/api/v1", "events"),
+    "ResourceQuota": ("/api/v1", "resourcequotas"),
 }
 """Each kind the console reads, by API group version and resource."""
 KUEUE_KINDS: Final = ("ResourceFlavor", "Topology", "ClusterQueue", "LocalQueue")
@@ -198,6 +199,21 @@ class ApiSource:
 
     async def create(self, path: str, obj: JsonObject) -> JsonObject:
         return await self._client.post_json(path, obj)
+
+
+async def resource_quotas(
+    source: Source, namespace: str | None = None
+) -> tuple[list[JsonObject], tuple[str, ...]]:
+    """The ResourceQuotas (of one namespace, or all), and a note when they cannot be read
+    (a role without them): a quota unseen is a conflict not named, not a failure."""
+    try:
+        if namespace is None:
+            return await source.objects(("ResourceQuota",)), ()
+        return await source.namespaced("ResourceQuota", namespace), ()
+    except ApiError as exc:
+        if exc.status in (401, 403, 404):
+            return [], (f"note: cannot read ResourceQuotas ({exc}): conflicts with them unchecked",)
+        raise
 
 
 def build_snapshot(

@@ -19,7 +19,8 @@ from console import reasons, render
 from console.output import NAME, ConsoleError, Output, json_text
 from console.queues import queues_report, read_workloads, workload_from_json
 from console.reasons import DEFAULT_EXTENDER
-from console.source import KUEUE_KINDS, Source
+from console.rquota import job_refusals, read_limits, with_refusals
+from console.source import KUEUE_KINDS, Source, resource_quotas
 from console.why import (
     Quota,
     ReasonsSeen,
@@ -32,6 +33,7 @@ from console.why import (
 from console.why import report as why_report
 from extender.explain import headline
 from webhook.policy_build import policy_from_objects
+from webhook.queues import Policy
 
 _KINDS: Final = {
     "job": "Job",
@@ -122,9 +124,32 @@ async def why(
         records=fetched.records,
         workload_obj=workload_obj,
     )
+    answer = await _quota_refusals(source, answer, workload_obj, len(pods), notes)
     if output == "json":
         return Output(json_text(answer.to_json()), tuple(notes))
     return Output(_why_text(answer, clock.now()), tuple(notes))
+
+
+async def _quota_refusals(
+    source: Source,
+    answer: WhyReport,
+    workload_obj: JsonObject | None,
+    pods_found: int,
+    notes: list[str],
+) -> WhyReport:
+    """The answer with the namespace's ResourceQuotas that refuse the admitted job's pods
+    (``console.rquota``): nothing else says why its pods are missing."""
+    if workload_obj is None:
+        return answer
+    try:
+        mine = workload_from_json(workload_obj, Policy())
+    except ValueError:
+        return answer
+    if mine is None or not mine.admitted:
+        return answer
+    found, unread = await resource_quotas(source, mine.namespace)
+    notes += unread
+    return with_refusals(answer, job_refusals(read_limits(found), mine, pods_found))
 
 
 async def _workload(

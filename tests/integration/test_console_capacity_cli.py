@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cluster import jsonio
-from tests.console_cluster import example_objects, write_cluster_file
+from tests.console_cluster import example_objects, why_objects, write_cluster_file
 from tests.fakeapi import FakeApiServer
 from tests.integration.test_console_cli import PLURAL, TOKEN, console, tessera
 
@@ -108,3 +108,68 @@ async def test_capacity_reads_the_live_cluster(api: FakeApiServer, tmp_path: Pat
     assert {"/api/v1/nodes", "/api/v1/pods", "/apis/kueue.x-k8s.io/v1beta2/workloads"} <= lists
     assert not api.requests_of("patch")
     assert not api.requests_of("post")
+
+
+QUOTA = {
+    "metadata": {"name": "gpus", "namespace": "team-nlp"},
+    "spec": {"hard": {"requests.nvidia.com/gpu": "16"}},
+    "status": {
+        "hard": {"requests.nvidia.com/gpu": "16"},
+        "used": {"requests.nvidia.com/gpu": "16"},
+    },
+}
+
+
+async def test_queues_and_capacity_name_a_namespace_quota_below_the_queue(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put("/api/v1/resourcequotas", QUOTA)
+    queues = jsonio.loads((await console(api, tmp_path, "queues", "-o", "json")).text)
+    assert queues["resource_quotas"] == [
+        {
+            "namespace": "team-nlp",
+            "name": "gpus",
+            "resource": "requests.nvidia.com/gpu",
+            "hard": 16,
+            "used": 16,
+        }
+    ]
+    # nlp's nominal is 24; job-train (32 GPUs) could never have its pods created
+    assert queues["resource_quota_conflicts"][0].startswith(
+        "ResourceQuota team-nlp/gpus allows 16 GPUs (requests.nvidia.com/gpu), below "
+        "ClusterQueue nlp's nominal 24"
+    )
+    assert any(
+        c.startswith("workload team-nlp/job-train asks 32 GPUs")
+        for c in queues["resource_quota_conflicts"]
+    )
+    table = (await console(api, tmp_path, "queues")).text
+    assert "\nRESOURCEQUOTA CONFLICTS\n* ResourceQuota team-nlp/gpus allows 16 GPUs" in table
+    capacity = (await console(api, tmp_path, "capacity")).text
+    assert "\nRESOURCEQUOTA CONFLICTS\n* ResourceQuota team-nlp/gpus allows 16 GPUs" in capacity
+
+
+async def test_why_says_when_a_namespace_quota_refuses_an_admitted_job_s_pods(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    api.put("/api/v1/resourcequotas", QUOTA)
+    for obj in why_objects():
+        # the job controller made two of llm's three pods before the quota refused it
+        if obj["metadata"]["name"] != "llm-2":
+            api.put(
+                PLURAL[obj["kind"]],
+                {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")},
+            )
+    shown = await console(
+        api, tmp_path, "why", "job/llm", "-n", "team-nlp", "--extender", "none", "-o", "json"
+    )
+    verdict = jsonio.loads(shown.text)["verdict"]
+    assert verdict.endswith(
+        "; ResourceQuota team-nlp/gpus: 16 of 16 GPUs used (requests.nvidia.com/gpu), 8 more "
+        "needed: the job controller cannot create the rest of its pods"
+    )
+    # a Job waiting for Kueue's quota is not blamed on the namespace's
+    waiting = await console(
+        api, tmp_path, "why", "job/wait", "-n", "team-nlp", "--extender", "none"
+    )
+    assert "ResourceQuota" not in waiting.text.splitlines()[0]
