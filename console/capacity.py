@@ -218,11 +218,9 @@ def waiting_pods(
         for w in workloads
         if w.admitted and w.owner is not None
     }
-    shapes: dict[tuple[str, str], dict[tuple[int, str | None, str], int]] = {}
+    mine: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for pod in pods:
-        meta, spec = field_map(pod, "metadata"), field_map(pod, "spec")
-        if spec.get("nodeName") or field_map(pod, "status").get("phase", "Pending") != "Pending":
-            continue
+        meta = field_map(pod, "metadata")
         namespace = str(meta.get("namespace") or "default")
         pod_labels = field_map(meta, "labels")
         key = (
@@ -230,19 +228,33 @@ def waiting_pods(
             or owners.get((namespace, "JobSet", str(pod_labels.get(labels.JOBSET_NAME))))
             or owners.get((namespace, "Pod", str(meta.get("name"))))
         )
-        if key is None:
+        if key is not None:
+            mine.setdefault(key, []).append(pod)
+    found = {key: pod_asks(members, levels) for key, members in mine.items()}
+    return {key: asks for key, asks in found.items() if asks}
+
+
+def pod_asks(pods: Iterable[Mapping[str, Any]], levels: Sequence[Level]) -> tuple[Ask, ...]:
+    """The pods among ``pods`` that wait for a node and ask whole GPUs, alike ones as
+    one ask (same GPUs, same domain level); a gang's ask is at least its required members,
+    those the job controller has not made yet too."""
+    shapes: dict[tuple[int, str | None, str], int] = {}
+    gangs: dict[tuple[int, str | None, str], int] = {}
+    for pod in pods:
+        meta, spec = field_map(pod, "metadata"), field_map(pod, "spec")
+        if spec.get("nodeName") or field_map(pod, "status").get("phase", "Pending") != "Pending":
             continue
-        demand = read_demand(spec, field_map(meta, "annotations"), pod_labels).demand
-        if demand.gpus <= 0:
-            continue
-        level = _level(demand, levels)
-        shape = (demand.gpus, *level)
-        found = shapes.setdefault(key, {})
-        found[shape] = found.get(shape, 0) + 1
-    return {
-        key: tuple(Ask(n, gpus, label, name) for (gpus, label, name), n in found.items())
-        for key, found in shapes.items()
-    }
+        demand = read_demand(spec, field_map(meta, "annotations"), field_map(meta, "labels"))
+        if demand.demand.gpus > 0:
+            shape = (demand.demand.gpus, *_level(demand.demand, levels))
+            shapes[shape] = shapes.get(shape, 0) + 1
+            if demand.demand.gang is not None:
+                # a gang starts its required members together, made yet or not
+                gangs[shape] = max(gangs.get(shape, 0), demand.demand.gang.min_count)
+    return tuple(
+        Ask(max(n, gangs.get((gpus, label, name), 0)), gpus, label, name)
+        for (gpus, label, name), n in shapes.items()
+    )
 
 
 def _level(demand: PodDemand, levels: Sequence[Level]) -> tuple[str | None, str]:

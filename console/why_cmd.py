@@ -16,11 +16,14 @@ from cluster.clock import Clock
 from cluster.convert.grammar import format_rfc3339
 from cluster.kube import JsonObject
 from console import reasons, render
+from console.capacity import flavor_nodes, pod_asks
+from console.nodes import policy_levels
 from console.output import NAME, ConsoleError, Output, json_text
 from console.queues import queues_report, read_workloads, workload_from_json
 from console.reasons import DEFAULT_EXTENDER
 from console.rquota import job_refusals, read_limits, with_refusals
-from console.source import KUEUE_KINDS, Source, resource_quotas
+from console.shortfall import Missing, Nodes, place
+from console.source import KUEUE_KINDS, Source, build_snapshot, resource_quotas
 from console.why import (
     Quota,
     ReasonsSeen,
@@ -31,6 +34,7 @@ from console.why import (
     workload_state,
 )
 from console.why import report as why_report
+from console.why_nodes import with_shortfall
 from extender.explain import headline
 from webhook.policy_build import policy_from_objects
 from webhook.queues import Policy
@@ -124,6 +128,8 @@ async def why(
         records=fetched.records,
         workload_obj=workload_obj,
     )
+    if unplaced:
+        answer = with_shortfall(answer, await _shortfall(source, clock, unplaced, workload_obj))
     answer = await _quota_refusals(source, answer, workload_obj, len(pods), notes)
     if output == "json":
         return Output(json_text(answer.to_json()), tuple(notes))
@@ -150,6 +156,29 @@ async def _quota_refusals(
     found, unread = await resource_quotas(source, mine.namespace)
     notes += unread
     return with_refusals(answer, job_refusals(read_limits(found), mine, pods_found))
+
+
+async def _shortfall(
+    source: Source, clock: Clock, unplaced: list[JsonObject], workload_obj: JsonObject | None
+) -> Missing | None:
+    """What the unplaced pods lack in nodes of their flavor (the admitted one, else every
+    GPU node), placed on the free GPUs as the extender would place them."""
+    objects = await source.objects(("Node", "Pod", *KUEUE_KINDS))
+    policy = policy_from_objects(o for o in objects if o["kind"] in KUEUE_KINDS)
+    levels = policy_levels(policy)
+    snapshot, _ = build_snapshot(objects, [label for _, label in levels], clock)
+    pool: Nodes = {name: node for name, node in snapshot.nodes.items() if node.gpus}
+    flavor = None
+    if workload_obj is not None:
+        try:
+            mine = workload_from_json(workload_obj, policy)
+        except ValueError:
+            mine = None
+        if mine is not None and mine.admitted:
+            flavor = next((f for (f, r) in mine.usage if r == labels.GPU_RESOURCE), None)
+    if flavor is not None and policy.flavor(flavor) is not None:
+        pool = flavor_nodes(pool, policy.flavor(flavor))
+    return place(pool, pod_asks(unplaced, levels)).missing
 
 
 async def _workload(

@@ -173,3 +173,23 @@ async def test_why_says_when_a_namespace_quota_refuses_an_admitted_job_s_pods(
         api, tmp_path, "why", "job/wait", "-n", "team-nlp", "--extender", "none"
     )
     assert "ResourceQuota" not in waiting.text.splitlines()[0]
+
+
+async def test_why_a_gang_no_rack_can_hold_says_how_many_nodes_it_needs(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    """llm's three 8-GPU pods must share a rack: rack r2 of its flavor holds one now
+    (gpu-r2-1 drains), so two more nodes there would start it."""
+    for obj in why_objects():
+        api.put(
+            PLURAL[obj["kind"]], {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
+        )
+    shown = await console(api, tmp_path, "why", "job/llm", "-n", "team-nlp", "--extender", "none")
+    first = shown.text.splitlines()[0]
+    assert first.startswith("job team-nlp/llm: 3 pod(s) not scheduled: 0/7 nodes")
+    assert first.endswith(f"; needs 2 more nodes of {H100} in one topology-rack")
+    # a job waiting for Kueue's quota is not told to buy nodes
+    waiting = await console(
+        api, tmp_path, "why", "job/wait", "-n", "team-nlp", "--extender", "none"
+    )
+    assert "more node" not in waiting.text.splitlines()[0]
