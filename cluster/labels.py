@@ -50,6 +50,11 @@ KUEUE_PREFERRED_TOPOLOGY: Final[str] = "kueue.x-k8s.io/podset-preferred-topology
 KUEUE_ADMISSION_GATE: Final[str] = "kueue.x-k8s.io/admission"
 """Scheduling gate that keeps a plain Pod suspended until Kueue admits it."""
 
+KUEUE_PROVISIONING_CONTROLLER: Final[str] = "kueue.x-k8s.io/provisioning-request"
+"""AdmissionCheck ``controllerName`` of Kueue's ProvisioningRequest check, which asks
+Cluster Autoscaler for a workload's nodes before admitting it
+(``manifests/autoscaling/``); nothing in Tessera reads it."""
+
 # ---------------------------------------------------------------- written by the extender
 GPU_INDICES: Final[str] = "tessera.dev/gpu-indices"
 """Annotation on bound pods: GPU indices taken on the node (``0,1,2,3``; a share: one).

@@ -403,13 +403,15 @@ def test_the_console_reads_queues_and_pods_and_writes_only_node_annotations_even
 ):
     """What ``tessera`` does with it: ``nodes``/``queues`` list, ``drain``/``undrain``/
     ``gpu-health`` get and patch a node and create an Event, ``sbatch`` creates a Job,
-    ``why`` gets the object asked about and lists its namespace's events, and reads the
+    ``why`` gets the object asked about and lists its namespace's events (and ResourceQuotas,
+    which ``queues`` and ``capacity`` list too), and reads the
     extenders' /debug/reasons through the pod proxy in tessera-system only. Left
     unbound: an admin binds it to the platform team."""
     assert rules(one("ClusterRole", "tessera-console")) == {
         (("",), ("nodes",), ("get", "list", "patch"), ()),
         (("",), ("pods",), ("get", "list"), ()),
         (("",), ("events",), ("create", "list"), ()),
+        (("",), ("resourcequotas",), ("list",), ()),
         (
             ("kueue.x-k8s.io",),
             (
