@@ -35,7 +35,8 @@ from typing import Any, Final
 
 from cluster import labels
 from cluster.convert.demand import read_demand
-from cluster.model import PodDemand, TopologyMode, level_short_name
+from cluster.convert.selection import node_selection
+from cluster.model import NodeSelection, PodDemand, TopologyMode, level_short_name
 from console.nodes import Level
 from console.queues import Workload
 from console.reading import field_map
@@ -236,24 +237,28 @@ def waiting_pods(
 
 def pod_asks(pods: Iterable[Mapping[str, Any]], levels: Sequence[Level]) -> tuple[Ask, ...]:
     """The pods among ``pods`` that wait for a node and ask whole GPUs, alike ones as
-    one ask (same GPUs, same domain level); a gang's ask is at least its required members,
-    those the job controller has not made yet too."""
-    shapes: dict[tuple[int, str | None, str], int] = {}
-    gangs: dict[tuple[int, str | None, str], int] = {}
+    one ask (same GPUs, same domain level, same node selection); a gang's ask is at least
+    its required members, those the job controller has not made yet too."""
+    shapes: dict[tuple[int, str | None, str, NodeSelection], int] = {}
+    gangs: dict[tuple[int, str | None, str, NodeSelection], int] = {}
     for pod in pods:
         meta, spec = field_map(pod, "metadata"), field_map(pod, "spec")
         if spec.get("nodeName") or field_map(pod, "status").get("phase", "Pending") != "Pending":
             continue
         demand = read_demand(spec, field_map(meta, "annotations"), field_map(meta, "labels"))
         if demand.demand.gpus > 0:
-            shape = (demand.demand.gpus, *_level(demand.demand, levels))
+            shape = (
+                demand.demand.gpus,
+                *_level(demand.demand, levels),
+                node_selection(spec, []),
+            )
             shapes[shape] = shapes.get(shape, 0) + 1
             if demand.demand.gang is not None:
                 # a gang starts its required members together, made yet or not
                 gangs[shape] = max(gangs.get(shape, 0), demand.demand.gang.min_count)
     return tuple(
-        Ask(max(n, gangs.get((gpus, label, name), 0)), gpus, label, name)
-        for (gpus, label, name), n in shapes.items()
+        Ask(max(n, gangs.get(shape, 0)), shape[0], shape[1], shape[2], shape[3])
+        for shape, n in shapes.items()
     )
 
 

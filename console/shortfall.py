@@ -22,12 +22,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 
-from cluster.model import GpuDevice, NodeName, NodeState, PodDemand
+from cluster.model import GpuDevice, NodeName, NodeSelection, NodeState, PodDemand, pod_key
 from extender.config import ExtenderConfig
+from extender.context import Fit, PodContext
+from extender.filters import filter_node_selection
 from extender.gpus import choose_gpus, pod_fits
 
 Nodes = Mapping[NodeName, NodeState]
+_PLAIN = ExtenderConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +43,8 @@ class Ask:
     gpus: int
     level: str | None = None
     level_name: str = ""
+    selection: NodeSelection | None = None
+    """Where the pods may go by node labels and taints (None: anywhere in the pool)."""
 
     @property
     def total(self) -> int:
@@ -154,13 +160,27 @@ def _domains(
     found: dict[str, list[tuple[int, NodeName]]] = {}
     for name, node in nodes.items():
         value = "" if ask.level is None else node.labels.get(ask.level)
-        if value is None:
+        if value is None or not allowed(node, ask):
             continue
         fit = open_fits(node, ask.gpus, islands_required)
         found.setdefault(value, [])
         if fit:
             found[value].append((fit, name))
     return [(value, sum(f for f, _ in members), members) for value, members in found.items()]
+
+
+def allowed(node: NodeState, ask: Ask) -> bool:
+    """The pods' node selector, required node affinity and tolerations let them onto the
+    node, as the extender's own check of them judges it (it reads no time: any will do)."""
+    if ask.selection is None:
+        return True
+    context = PodContext(
+        pod_key("", ""),
+        PodDemand(gpus=ask.gpus, selection=ask.selection),
+        datetime.min.replace(tzinfo=UTC),
+        _PLAIN,
+    )
+    return isinstance(filter_node_selection(context, node), Fit)
 
 
 def _take(node: NodeState, gpus: int, pods: int, config: ExtenderConfig) -> NodeState:
@@ -186,7 +206,11 @@ def _missing(
 ) -> Missing:
     demand = PodDemand(gpus=ask.gpus)
     per_node, product = max(
-        ((pod_fits(n, demand, islands_required, empty=True), n.product) for n in nodes.values()),
+        (
+            (pod_fits(n, demand, islands_required, empty=True), n.product)
+            for n in nodes.values()
+            if allowed(n, ask)
+        ),
         default=(0, ""),
     )
     return Missing(

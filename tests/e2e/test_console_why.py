@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,6 +117,10 @@ def test_why_a_gang_no_rack_can_hold_names_the_scheduler_stage_and_the_extender_
         "(3 members, 3 together, required:rack)"
     ), answer["verdict"]
     assert "0 of 3 nodes fit: 3 in a rack without room for the gang" in answer["verdict"]
+    # and what nodes would start it, counted on the nodes its pods may use
+    assert re.search(r"; needs [12] more nodes? of \S+ in one rack$", answer["verdict"]), answer[
+        "verdict"
+    ]
     # the extender's reasons, node by node, all pods refused alike
     [group] = answer["extender"]
     assert sorted(group["pods"]) == sorted(pods)

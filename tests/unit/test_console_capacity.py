@@ -10,7 +10,7 @@ import pytest
 
 from cluster import labels
 from cluster.clock import ManualClock
-from cluster.model import NodeName, NodeState
+from cluster.model import NodeName, NodeRequirement, NodeSelection, NodeState
 from console.capacity import waiting_pods
 from console.capacity_walk import capacity_report
 from console.nodes import policy_levels
@@ -87,6 +87,13 @@ RACK = Ask(3, 8, RACK_LABEL, "rack")
             (),
             Ask(1, 8),
             (0, 1, False, f"needs 1 more node of {H100}"),
+        ),
+        # only the nodes the pods' node selector lets them onto
+        (
+            [node_json("a", labels={"pool": "p"}), node_json("b")],
+            (),
+            Ask(2, 8, selection=NodeSelection(required=(NodeRequirement("pool", "In", ("p",)),))),
+            (1, 1, True, f"needs 1 more node of {H100}"),
         ),
         (
             [node_json("a")],
