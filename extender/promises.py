@@ -15,20 +15,22 @@ promise's start is unknown (a reservation waiting on pods without a time limit).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from cluster.model import GangId
+from cluster.model import Promise
 from extender.context import FIT, Unfit, Verdict
 
-
-@dataclass(frozen=True, slots=True)
-class Promise:
-    """A node promised from ``start`` on: to maintenance (``gang`` None) or to ``gang``.
-    ``start`` None: from a time not known yet, so nothing else may start there."""
-
-    start: datetime | None
-    gang: GangId | None = None
+# Promise lives with the cluster's records (the cache holds the reservations' promises
+# for the snapshots); the rule and its words live here.
+__all__ = [
+    "Promise",
+    "clock",
+    "duration",
+    "ends_in_time",
+    "latest_start",
+    "promise_verdict",
+    "rfc3339",
+]
 
 
 def ends_in_time(ends: datetime | None, start: datetime | None) -> bool:
