@@ -43,10 +43,9 @@ from typing import Final
 from cluster.model import GangId, NodeName, NodeState, PodDemand, PodKey, TopologyMode
 from cluster.snapshot import Snapshot
 from extender.config import ExtenderConfig
-from extender.context import FIT, Verdict
 from extender.gpus import fragmentation
 from extender.outlooks import ANYWHERE, Holding, Outlook, OutlookMemo
-from extender.promises import Promise, latest_start, promise_verdict
+from extender.promises import Promise, latest_start
 
 _FOREVER: Final = datetime.max.replace(tzinfo=UTC)
 
@@ -184,27 +183,6 @@ def node_promises(node: NodeState, reservations: Iterable[Reservation]) -> tuple
 def _promise_order(promise: Promise) -> tuple[bool, datetime]:
     """Earliest first, a promise from an unknown time before all: nothing may go there."""
     return (promise.start is not None, promise.start or _FOREVER)
-
-
-def backfill_verdict(
-    node: str,
-    promises: Sequence[Promise],
-    *,
-    pod_gang: GangId | None,
-    ends: datetime | None,
-    limit_s: int | None,
-    now: datetime,
-) -> Verdict:
-    """Whether a pod whose time limit ends at ``ends`` may start on ``node`` under its
-    ``promises`` (``node_promises``): it must end by every one of them, but its own
-    gang's reservation, which is for it."""
-    for promise in promises:
-        if promise.gang is not None and promise.gang == pod_gang:
-            continue
-        verdict = promise_verdict(promise, node, ends, limit_s, now)
-        if verdict is not FIT:
-            return verdict
-    return FIT
 
 
 # ---------------------------------------------------------------- one domain
