@@ -5,10 +5,11 @@ time (backfill).
 Layer: PURE. Functions of nodes, the pods holding their GPUs, gangs and ``now``: no
 I/O, no clock, no settings, no aiohttp, no cache; the bound on reservations and the
 grace for an overrun arrive as ``ReservationRules``. Must not place pods or choose GPUs
-(the filters and ``extender.gpus`` do), must not keep reservations anywhere (a caller
-holds the last ``Plan`` and hands its reservations back), and is not yet called by the
-extender's filter pipeline: the load test's reservation study runs it
-(``loadtest.reservations``).
+(the filters and ``extender.gpus`` do), and must not keep reservations anywhere (a caller
+holds the last ``Plan`` and hands its reservations back): the live extender through
+``extender.holds`` (what is held from one plan to the next) and ``extender.reserving``
+(when it plans, where holds are recorded), the load test's reservation study
+directly (``loadtest.reservations``).
 
 How a plan is made (``plan_reservations``), gang by gang in order (the higher priority
 first, then the oldest), at most ``max_reservations`` of them:
