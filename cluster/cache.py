@@ -15,6 +15,9 @@ What it keeps, and why:
   not shown yet; terminal pods free their GPUs. Of a pod without GPUs only its node and
   CPU request are kept: a node's ``cpu_requested_milli`` counts every pod on it, since
   CPU that other pods took can leave free GPUs without the CPU to use them;
+* the promises of the reservations the extender holds (``promise``), per node: a node
+  whose promises change is logged as changed, so that no answer kept by its name
+  outlives them;
 * an allocation per bound or assumed pod. The watch wins over an assumption as soon as
   it shows the pod bound; a pod bound without ``tessera.dev/gpu-indices`` is given GPUs
   by ``pick_gpus`` so that per-GPU accounting stays whole. Allocations survive the
@@ -31,6 +34,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from cluster import logs
 from cluster.accounting import GpuPool, account_node, holders
@@ -45,7 +49,7 @@ from cluster.cache_records import (
 )
 from cluster.clock import Clock
 from cluster.labels import GPU_INDICES
-from cluster.model import Allocation, NodeName, NodeState, PodInfo, PodKey
+from cluster.model import Allocation, NodeName, NodeState, PodInfo, PodKey, Promise
 from cluster.sharded import CowMap, shard_of
 from cluster.snapshot import NodeChangeLog, Snapshot, gpus_needed, indices_match
 
@@ -102,6 +106,7 @@ class ClusterCache:
         self._products = ProductTotals()
         self._gpu_pool = GpuPool()
         self._totals = {"confirmed": 0, "expired": 0, "forgotten": 0, "conflicts": 0}
+        self._promises: Mapping[NodeName, tuple[Promise, ...]] = MappingProxyType({})
         self._node_log = NodeChangeLog()
         self._snapshot = Snapshot(node_log=self._node_log)
 
@@ -125,6 +130,7 @@ class ClusterCache:
                 allocations=self._allocs.freeze(),
                 gangs=self._gangs.freeze(),
                 assumed=self._assumed_view,
+                promises=self._promises,
             )
         return self._snapshot
 
@@ -193,6 +199,19 @@ class ClusterCache:
         if slot is None:
             slot = self._slots[name] = NodeSlot()
         return slot
+
+    def promise(self, promises: Mapping[NodeName, tuple[Promise, ...]]) -> None:
+        """The reservations' promises from now on, per node (all of them, replacing
+        the last). The nodes whose promises changed are logged as changed."""
+        old = self._promises
+        changed = [n for n in old.keys() | promises.keys() if old.get(n) != promises.get(n)]
+        if not changed:
+            return
+        self._promises = MappingProxyType(dict(promises))
+        for name in sorted(changed):
+            self._node_log.record(self._generation + 1, name)
+        self._changed = True
+        self._flush()
 
     # ------------------------------------------------------------------ pods (the watch)
 

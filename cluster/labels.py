@@ -61,6 +61,12 @@ GPU_INDICES: Final[str] = "tessera.dev/gpu-indices"
 Sent in the Binding's own annotations, which kube-apiserver copies onto the pod as it
 binds it: the extender never patches pods."""
 
+RESERVATION: Final[str] = "tessera.dev/reservation"
+"""Label and annotation on the extender's Lease of one reservation (in its own
+namespace): the label (``"true"``) is what the extender lists to rebuild its
+reservations; the annotation says what is held, ``domain=<d>;start=<RFC 3339 or
+unknown>;nodes=<n1,n2>`` (``cluster.convert.grammar.format_reservation``)."""
+
 # ---------------------------------------------------------------- read from nodes
 GFD_PRODUCT: Final[str] = "nvidia.com/gpu.product"
 """GPU Feature Discovery label: the GPU model (``NVIDIA-H100-80GB-HBM3``)."""

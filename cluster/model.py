@@ -296,3 +296,14 @@ class Allocation:
 
     def __str__(self) -> str:
         return ",".join(str(i) for i in self.indices)
+
+
+@dataclass(frozen=True, slots=True)
+class Promise:
+    """A node promised from ``start`` on: to maintenance (``gang`` None) or to ``gang``'s
+    reservation. ``start`` None: from a time not known yet, so nothing else may start
+    there. The rule it keeps is ``extender.promises``'; the cache only holds the
+    reservations' promises for the snapshots (``Snapshot.promises``)."""
+
+    start: datetime | None
+    gang: GangId | None = None

@@ -26,11 +26,16 @@ from cluster.model import (
     PodDemand,
     PodInfo,
     PodKey,
+    Promise,
 )
 from cluster.sharded import ShardedMap
 
 
 def _no_nodes() -> Mapping[NodeName, NodeState]:
+    return MappingProxyType({})
+
+
+def _no_promises() -> Mapping[NodeName, tuple[Promise, ...]]:
     return MappingProxyType({})
 
 
@@ -85,6 +90,9 @@ class Snapshot:
       that is not in ``nodes`` (deleted, or not seen yet): it is kept for when it returns.
     * ``gangs``: per gang, the members that hold an allocation, sorted by key.
     * ``assumed``: pods whose allocation comes from ``assume`` and not yet from the watch.
+    * ``promises``: per node held by a gang's reservation, its promises (the
+      reservations' planner writes them through ``ClusterCache.promise``); a node's
+      maintenance window is the node's own ``drain_after``.
     """
 
     generation: int = 0
@@ -93,6 +101,7 @@ class Snapshot:
     allocations: Mapping[PodKey, Allocation] = field(default_factory=ShardedMap.empty)
     gangs: Mapping[GangId, tuple[PodKey, ...]] = field(default_factory=ShardedMap.empty)
     assumed: frozenset[PodKey] = frozenset()
+    promises: Mapping[NodeName, tuple[Promise, ...]] = field(default_factory=_no_promises)
     node_log: NodeChangeLog | None = field(default=None, repr=False, compare=False)
     """The cache's record of node changes by generation; ``None`` for a snapshot that
     is not one of a cache's (nodes given in a request), which readers must not carry

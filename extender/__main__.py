@@ -93,6 +93,29 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
         type=float,
         help="seconds between two countings of the learned pod mix (default 60)",
     )
+    flag(
+        "max-reservations",
+        type=int,
+        help="waiting gangs that hold a reservation at once, the higher priority first, then "
+        "the oldest (default 4; 0: no reservations)",
+    )
+    flag(
+        "reservation-interval",
+        dest="reservation_interval_s",
+        type=float,
+        help="seconds between two plans of the reservations at most (default 10)",
+    )
+    flag(
+        "requeue-grace",
+        dest="requeue_grace_s",
+        type=float,
+        help="seconds a gang whose pods are gone (requeued by Kueue, or deleted) keeps its "
+        "reservation (default 180)",
+    )
+    flag(
+        "reservation-namespace",
+        help="namespace of the Leases that record reservations (default tessera-system)",
+    )
     flag("assume-ttl", dest="assume_ttl_s", type=float, help="seconds a bind stays assumed")
     flag("bind-timeout", dest="bind_timeout_s", type=float, help="API budget of one bind (s)")
     add_serving_flags(flag)

@@ -27,6 +27,11 @@ The ages are on the metrics listener as ``tessera_extender_cache_age_seconds``. 
 already too late is shed before the cache is looked at: nobody reads its answer, stale
 or not.
 
+Reservations (``extender.reserving``): a ``/filter`` of a gang member that fits nowhere
+asks the background planner for a plan; its promises reach the filters through the
+cache's next snapshot, and a ``/bind`` on a node reserved for another gang is counted
+as backfilled.
+
 With ``pod_mix=learned`` a background task counts the cache's pods into the pod mix
 (``learning.relearn_pod_mix``): before the first request when a cluster file is loaded,
 right after the informers have listed, then every interval. Otherwise the gang shapes
@@ -65,6 +70,7 @@ from extender.learning import LiveConfig, prepare_gang_shapes, relearn_pod_mix
 from extender.memo import DecisionCache
 from extender.metrics import ExtenderMetrics
 from extender.reasons import PODS_PER_QUERY, ReasonStore
+from extender.reserving import LeaseHolds, Reserver, backfilled
 from extender.settings import ExtenderSettings
 from server import serving
 from server.direct import Call, Reply, Route
@@ -126,6 +132,7 @@ BINDS = web.AppKey("binds", Binds)
 REASONS = web.AppKey("reasons", ReasonStore)
 FLAVORS = web.AppKey("flavors", Flavors)
 ENVIRON = web.AppKey("environ", Mapping[str, str])
+RESERVER = web.AppKey("reserver", Reserver)
 
 
 class Handle(Protocol):
@@ -157,6 +164,7 @@ class Verbs:
     source: Source
     guard: ConnectionGuard
     reasons: ReasonStore
+    reserver: Reserver
 
     def refused(self, verb: str) -> Callable[[str], Reply]:
         """The 400 for a body that cannot be read."""
@@ -205,6 +213,7 @@ class Verbs:
                 metrics.filtered(outcome, tallies)
                 if reply.pod is not None:
                     self.reasons.record_filter(reply.pod, outcome, tallies)
+                    self.reserver.wanted(reply.pod, len(outcome.fits))
             if reply.status == verbs.BAD_REQUEST:
                 result = "bad_request"
                 log.info("bad request", extra=logs.fields(verb=verb, reason=reply.note))
@@ -226,8 +235,9 @@ class Verbs:
         # between the snapshot and the assumption (``binding.Binds``).
         began = clock.monotonic()
         memo = self.config.memo
+        snapshot = self.cache.snapshot()
         step = verbs.plan_bind(
-            call.body, self.cache.snapshot(), memo.config, clock.now(), seen=binds.recent, memo=memo
+            call.body, snapshot, memo.config, clock.now(), seen=binds.recent, memo=memo
         )
         if isinstance(step, verbs.Reply):
             metrics.decided("bind", clock.monotonic() - began)
@@ -240,6 +250,8 @@ class Verbs:
             return Reply(step.status, step.body)
         error = await binds.bind(step, lambda: metrics.decided("bind", clock.monotonic() - began))
         self.reasons.record_bind(step.args.key, step.args.node, error)
+        if not error and backfilled(snapshot, step.plan.pod, step.args.node):
+            metrics.backfilled.inc()
         metrics.answered("bind", "error" if error else "ok", clock.monotonic() - start)
         return Reply(verbs.OK, verbs.bind_reply(error).body)
 
@@ -354,6 +366,17 @@ async def _learn_pod_mix(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+async def _reserve(app: web.Application) -> AsyncIterator[None]:
+    """Reservations for waiting gangs (``extender.reserving``), once the cache is
+    complete; nothing with ``--max-reservations 0``."""
+    reserver = app[RESERVER]
+    if not reserver.enabled:
+        yield
+        return
+    async with serving.background(reserver.run(app[SOURCE].wait_synced), "reservations"):
+        yield
+
+
 async def _watch_cluster(app: web.Application) -> AsyncIterator[None]:
     """Nodes and pods from kube-apiserver into the cache; binds through the same client."""
     settings = app[SETTINGS]
@@ -366,6 +389,7 @@ async def _watch_cluster(app: web.Application) -> AsyncIterator[None]:
             client, watch_timeout_s=settings.watch_timeout_s, clock=app[CLOCK]
         )
         app[SOURCE].informers = informers
+        app[RESERVER].store = LeaseHolds(client, settings.reservation_namespace)
         flavors = app[FLAVORS].informer(
             client, watch_timeout_s=settings.watch_timeout_s, clock=app[CLOCK]
         )
@@ -460,13 +484,30 @@ def create_app(
         observe_api=app[METRICS].bind_api.observe,
     )
     app.cleanup_ctx.append(_expire_assumptions)
+    app[RESERVER] = Reserver(
+        cache,
+        live,
+        settings.hold_rules(),
+        clock=clock,
+        metrics=app[METRICS],
+        interval_s=settings.reservation_interval_s,
+    )
+    app.cleanup_ctx.append(_reserve)
     if settings.pod_mix == "learned":
         app.cleanup_ctx.append(_learn_pod_mix)
     else:
         app.cleanup_ctx.append(_prepare_gang_shapes)
-    Verbs(clock, app[METRICS], app[CONFIG], cache, app[BINDS], source, guard, app[REASONS]).add_to(
-        app
-    )
+    Verbs(
+        clock,
+        app[METRICS],
+        app[CONFIG],
+        cache,
+        app[BINDS],
+        source,
+        guard,
+        app[REASONS],
+        app[RESERVER],
+    ).add_to(app)
     serving.add_probes(
         app,
         ready=lambda: source.synced and not source.stale(),

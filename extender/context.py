@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Final, TypeAlias
 
-from cluster.model import GangSpec, NodeName, PodDemand, PodKey
+from cluster.model import GangSpec, NodeName, PodDemand, PodKey, Promise
 from extender.config import ExtenderConfig, TopologyLevel
 from extender.memo import DecisionCache, FitShape, NodeMemo, ScoreShape, ShapeKey
 
@@ -64,9 +65,13 @@ class DomainRooms:
     """Members each counted node holds now, draining nodes aside."""
     draining_fits: Mapping[NodeName, int]
     """The same for the draining nodes this pod may use (counted in ``free`` too)."""
+    withheld: frozenset[NodeName] = frozenset()
+    """Nodes reserved for another gang, which the pod may not use: not counted."""
 
     def node_fits(self, name: NodeName) -> int | None:
         """Members ``name`` holds now as counted here; None if it is not counted."""
+        if name in self.withheld:
+            return None
         found = self.fits_on.get(name)
         return found if found is not None else self.draining_fits.get(name)
 
@@ -108,6 +113,8 @@ class GangView:
 
 # ---------------------------------------------------------------- the pod
 
+_NO_PROMISES: Final[Mapping[NodeName, tuple[Promise, ...]]] = MappingProxyType({})
+
 
 @dataclass(frozen=True, slots=True)
 class PodContext:
@@ -122,6 +129,10 @@ class PodContext:
     now: datetime
     config: ExtenderConfig
     gang: GangView | None = None
+    promises: Mapping[NodeName, tuple[Promise, ...]] = field(
+        default_factory=lambda: _NO_PROMISES, repr=False, compare=False
+    )
+    """Per node held by a gang's reservation, its promises (``Snapshot.promises``)."""
     memo: DecisionCache = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     shape: ShapeKey = field(init=False, repr=False, compare=False)
     """What the node-only filters read of the pod: the key of their verdicts."""

@@ -48,7 +48,7 @@ from cluster.model import (
 from cluster.snapshot import Snapshot, apply_allocation
 from extender.config import ExtenderConfig
 from extender.context import FIT, PodContext, Unfit, Verdict
-from extender.filters import NodeFacts, judge, judge_facts, node_facts, run_filters
+from extender.filters import NodeFacts, judge, judge_facts, node_facts, promised, run_filters
 from extender.gangs import build_context, kept_facts
 from extender.gpus import choose_gpus
 from extender.memo import MISSING, DecisionCache, ScoreShape, ShapeKey
@@ -101,9 +101,10 @@ def filter_nodes(
     ctx = build_context(snapshot, pod, config, now, memo)
     nodes = snapshot.nodes
     # Answers kept by node name, one look-up per candidate: a lone pod's verdicts (also
-    # those of a gang member whose gang refuses no node), and for a node that drains,
-    # whose verdict reads the time, what judges it (``NodeFacts``); a member whose gang
-    # requires a level finds each node's ``NodeFacts`` (``gangs.kept_facts``).
+    # those of a gang member whose gang refuses no node), and for a promised node (it
+    # drains, or a reservation holds it), whose verdict reads the time, what judges it
+    # (``NodeFacts``); a member whose gang requires a level finds each node's
+    # ``NodeFacts`` (``gangs.kept_facts``).
     gang = ctx.gang
     lone = gang is None or not gang.refuses_nodes
     table = ctx.memo.by_name(snapshot, ctx.shape) if lone else kept_facts(snapshot, ctx)
@@ -123,7 +124,7 @@ def filter_nodes(
                 continue
             verdict = run_filters(ctx, node)
             if table is not None:
-                steady = lone and node.drain_after is None
+                steady = lone and not promised(ctx, node)
                 known[name] = verdict if steady else node_facts(ctx, node)
         if verdict is FIT:
             fits.append(name)
@@ -191,7 +192,7 @@ def score_nodes(
             score = 0.0 if static is None or not scale else clamp_score(static / scale)
         else:
             score = score_node(ctx, node)
-        if kept is not None and node.drain_after is None:
+        if kept is not None and not promised(ctx, node):
             known_scores[name] = score
         scored.append(score)
     return scored

@@ -13,15 +13,17 @@ kept in the decision cache by node and by node state.
 
 ``judge`` takes a node as the parts of a ``NodeFacts``: the node itself and its
 ``NODE_FILTERS`` verdicts (``run_filters``), or what is kept of it by name in the
-decision cache (``node_facts``): for a node that does not drain, its domain at the
+decision cache (``node_facts``): for a node with no promise, its domain at the
 gang's level and the verdict of each run of ``STEADY_FILTERS``, the other filters being
 functions of the domain (``BY_DOMAIN``). That is how a gang member's thousands of
-candidates are judged without reading them.
+candidates are judged without reading them. A node's promises changing (a reservation
+made or released) is a change of the node in the cache's change log, so nothing kept
+by its name outlives them.
 
 Adding a filter is adding it to ``FILTERS``; to ``NODE_FILTERS`` when it reads only
 the node and the pod's shape (``memo.ShapeKey``); to ``STEADY_FILTERS`` when it reads
-no more than that of a node that does not drain; to ``BY_DOMAIN`` when it reads only
-the domain. A filter in none of them is judged on the node itself (``KEPT_JUDGES``
+no more than that of a node with no promise (``promised``); to ``BY_DOMAIN`` when it
+reads only the domain. A filter in none of them is judged on the node itself (``KEPT_JUDGES``
 turns False: slower, never wrong). A property test holds judging kept facts to judging
 the node.
 """
@@ -45,7 +47,7 @@ from extender.config import TopologyLevel
 from extender.context import FIT, GangView, PodContext, Unfit, Verdict
 from extender.gpus import islands, one_island, pod_fits
 from extender.memo import MISSING, FactsKey, gpu_state
-from extender.promises import Promise, promise_verdict
+from extender.promises import Promise, backfill_verdict, promise_verdict
 
 Filter: TypeAlias = Callable[[PodContext, NodeState], Verdict]
 
@@ -144,6 +146,25 @@ def filter_maintenance(ctx: PodContext, node: NodeState) -> Verdict:
             Promise(drain), node.name, ctx.ends, ctx.demand.time_limit_s, ctx.now
         )
     return verdict
+
+
+def filter_reserved(ctx: PodContext, node: NodeState) -> Verdict:
+    """A node held by a gang's reservation (``extender.reservations``, promises in the
+    snapshot) takes the gang's own members, and another pod only if its time limit ends
+    before the reservation starts (backfill): the rule of maintenance windows
+    (``extender.promises``), so the GPUs that free up there stay free for the gang."""
+    held = ctx.promises.get(node.name)
+    if held is None:
+        return FIT
+    gang = ctx.demand.gang
+    return backfill_verdict(
+        node.name,
+        held,
+        pod_gang=None if gang is None else gang.id,
+        ends=ctx.ends,
+        limit_s=ctx.demand.time_limit_s,
+        now=ctx.now,
+    )
 
 
 def filter_gpus(ctx: PodContext, node: NodeState) -> Verdict:
@@ -370,6 +391,7 @@ FILTERS: Final[tuple[Filter, ...]] = (
     filter_schedulable,
     filter_product,
     filter_maintenance,
+    filter_reserved,
     filter_gpus,
     filter_gang_room,
 )
@@ -386,11 +408,14 @@ BY_DOMAIN: Final[Mapping[Filter, DomainForm]] = MappingProxyType(
 """The filters that read of a node of the cache's snapshot only its domain at the level
 the pod's gang requires, each as a function of that domain."""
 
-STEADY_FILTERS: Final[frozenset[Filter]] = frozenset((*NODE_FILTERS, filter_maintenance))
+STEADY_FILTERS: Final[frozenset[Filter]] = frozenset(
+    (*NODE_FILTERS, filter_maintenance, filter_reserved)
+)
 """The filters that read only the node and the pod's shape (``memo.ShapeKey``) of a
-node that does not drain (the maintenance filter reads the time only of one that
-does): where they follow one another in ``FILTERS``, ``NodeFacts`` of such a node keep
-their verdict together."""
+node with no promise (``promised``: it does not drain and no reservation holds it; the
+maintenance and reservation filters read the time, and the latter the pod's gang, only
+of one that has): where they follow one another in ``FILTERS``, ``NodeFacts`` of such
+a node keep their verdict together."""
 
 Plan: TypeAlias = tuple[tuple[Callable[[PodContext, Any], Verdict] | None, int], ...]
 """Steps of the pipeline, in order: ``(check, -1)``, a function of the context and of
@@ -403,9 +428,9 @@ class NodeFacts:
     check given ``value`` or the verdict at its place in ``verdicts``. Either
 
     * the node itself, its ``NODE_FILTERS`` verdicts and ``FILTERS``, as
-      ``run_filters`` judges any node (kept so of a node that drains: its maintenance
-      verdict reads the time);
-    * or, for a node of the cache's snapshot that does not drain, its domain at the
+      ``run_filters`` judges any node (kept so of a promised node: its maintenance or
+      reservation verdict reads the time);
+    * or, for a node of the cache's snapshot with no promise, its domain at the
       level the pod's gang requires, the verdict of each run of ``STEADY_FILTERS``, and
       ``FILTERS`` with a run as one step and the other filters in their form on the
       domain (``BY_DOMAIN``): all a gang member's verdict reads of the node.
@@ -454,7 +479,7 @@ _LONE_PLAN: Final = _node_plan(c for c in FILTERS if c not in GANG_FILTERS)
 
 
 def _steady_plans() -> tuple[tuple[Plan, ...], Plan]:
-    """``FILTERS`` on a node that does not drain, as ``NodeFacts`` keep it: the node plan
+    """``FILTERS`` on a node with no promise, as ``NodeFacts`` keep it: the node plan
     of each run of ``STEADY_FILTERS``, and the plan where a run is its kept verdict and
     each other filter judges the domain (``BY_DOMAIN``). None if another filter reads
     more of a node."""
@@ -481,7 +506,7 @@ def _steady_plans() -> tuple[tuple[Plan, ...], Plan]:
 _RUN_PLANS, _STEADY_PLAN = _steady_plans()
 
 KEPT_JUDGES: Final = bool(_STEADY_PLAN)
-"""Whether ``NodeFacts`` kept of a node that does not drain judge it without reading
+"""Whether ``NodeFacts`` kept of a node with no promise judge it without reading
 it: every filter is in ``STEADY_FILTERS`` or ``BY_DOMAIN``. Otherwise they keep the
 node itself."""
 
@@ -498,14 +523,20 @@ def _plan(ctx: PodContext) -> Plan:
     return _PLAN if gang is not None and gang.refuses_nodes else _LONE_PLAN
 
 
+def promised(ctx: PodContext, node: NodeState) -> bool:
+    """Whether ``node`` is promised from a time on (it drains, or a reservation holds
+    it): its verdicts read the time, and are kept of the node itself, never by name."""
+    return node.drain_after is not None or node.name in ctx.promises
+
+
 def node_facts(ctx: PodContext, node: NodeState) -> NodeFacts:
     """What to keep by name of ``node``, of the cache's snapshot, for ``ctx``'s shape and
-    gang level. Of a node that does not drain, its domain and the verdicts of the runs:
+    gang level. Of a node with no promise, its domain and the verdicts of the runs:
     one object for all nodes with these facts, kept in the decision cache by them, so
     that a request reads a few hundred objects, not one per candidate."""
     own = node_verdicts(ctx, node)
-    if node.drain_after is not None or not _STEADY_PLAN:
-        return NodeFacts(node, own, _plan(ctx))  # the maintenance verdict reads the time
+    if promised(ctx, node) or not _STEADY_PLAN:
+        return NodeFacts(node, own, _plan(ctx))  # a promise's verdict reads the time
     domain = _domain(ctx, node)
     runs = tuple(judge(ctx, node, own, plan) for plan in _RUN_PLANS)
     gang = ctx.gang

@@ -29,6 +29,7 @@ from extender.filters import (
     ROOM_FILTERS,
     NodeFacts,
     filter_maintenance,
+    filter_reserved,
     member_fits,
     node_facts,
     passes,
@@ -52,7 +53,15 @@ def build_context(
     gang = None
     if spec is not None:
         gang = _gang_view(snapshot, pod, spec, config=config, now=now, memo=memo)
-    return PodContext(pod=pod.key, demand=pod.demand, now=now, config=config, gang=gang, memo=memo)
+    return PodContext(
+        pod=pod.key,
+        demand=pod.demand,
+        now=now,
+        config=config,
+        gang=gang,
+        promises=snapshot.promises,
+        memo=memo,
+    )
 
 
 def _gang_view(
@@ -103,7 +112,14 @@ def _gang_view(
             allowed = frozenset(v for v, n in placed.items() if n == top) if required else None
         else:
             # the room is counted with the pod's context, before its gang is known
-            ctx = PodContext(pod=pod.key, demand=pod.demand, now=now, config=config, memo=memo)
+            ctx = PodContext(
+                pod=pod.key,
+                demand=pod.demand,
+                now=now,
+                config=config,
+                promises=snapshot.promises,
+                memo=memo,
+            )
             rooms = _rooms(snapshot, ctx, focus.node_label)
     return GangView(
         spec=spec,
@@ -132,7 +148,8 @@ def _rooms(snapshot: Snapshot, ctx: PodContext, label: str) -> DomainRooms:
     prioritize and bind share, and from one snapshot to the next. Draining nodes are
     kept aside: whether they may take the pod depends on the time.
     """
-    tally = _room_tally(snapshot, ctx, RoomKey(ctx.shape, label, ctx.demand.selection))
+    key = RoomKey(ctx.shape, label, ctx.demand.selection)
+    tally = _room_tally(snapshot, ctx, key)
     free, total = tally.free, tally.total
     draining: dict[NodeName, int] = {}
     for node, (value, fits, empty) in tally.draining.values():
@@ -143,12 +160,42 @@ def _rooms(snapshot: Snapshot, ctx: PodContext, label: str) -> DomainRooms:
         draining[node.name] = fits
         free[value] = free.get(value, 0) + fits
         total[value] = total.get(value, 0) + empty
+    withheld = _withheld(snapshot, ctx, key, tally, draining) if ctx.promises else {}
+    if withheld:
+        free, total = dict(free), dict(total)
+        for value, fits, empty in withheld.values():
+            free[value] -= fits
+            total[value] -= empty
     return DomainRooms(
         MappingProxyType(free),
         MappingProxyType(total),
         MappingProxyType(tally.fits_on),
         MappingProxyType(draining) if draining else _NONE,
+        frozenset(withheld),
     )
+
+
+def _withheld(
+    snapshot: Snapshot,
+    ctx: PodContext,
+    key: RoomKey,
+    tally: _RoomTally,
+    draining: Mapping[NodeName, int],
+) -> dict[NodeName, tuple[str, int, int]]:
+    """The counted nodes a reservation of another gang holds that the pod may not use
+    (``filter_reserved``), and what each added to the count: a gang does not count on
+    GPUs kept free for another."""
+    found: dict[NodeName, tuple[str, int, int]] = {}
+    for name in ctx.promises:
+        node = snapshot.nodes.get(name)
+        if node is None or (name not in tally.fits_on and name not in draining):
+            continue
+        if filter_reserved(ctx, node) is FIT:
+            continue
+        entry = _room_of(ctx, node, key.label, ctx.memo.per_node(key))
+        if entry is not None:
+            found[name] = entry
+    return found
 
 
 def prepare_gang_shape(

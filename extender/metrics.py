@@ -365,6 +365,28 @@ class ExtenderMetrics:
             "Times a newly learned pod mix replaced the one in use.",
             registry=self.registry,
         )
+        self.reservations = Gauge(
+            "tessera_extender_reservations",
+            "Waiting gangs that hold a reservation (extender.holds).",
+            registry=self.registry,
+        )
+        self.reserved_nodes = Gauge(
+            "tessera_extender_reserved_nodes",
+            "Nodes a reservation holds for a waiting gang.",
+            registry=self.registry,
+        )
+        self.reserved_idle = Counter(
+            "tessera_extender_reserved_idle_gpu_hours",
+            "GPU-hours held idle for reservations: healthy GPUs free on reserved nodes, "
+            "over the time between two plans.",
+            registry=self.registry,
+        )
+        self.backfilled = Counter(
+            "tessera_extender_backfilled_pods",
+            "Pods bound on a node reserved for another gang, their time limit ending "
+            "before the reservation starts.",
+            registry=self.registry,
+        )
         self.registry.register(_CacheCollector(counters, ages))
         self.gc_pauses = GcPauses(self.registry, "tessera_extender")
         self._categories: dict[str, str] = {}
@@ -385,6 +407,14 @@ class ExtenderMetrics:
         self.mix_pods.set(pods)
         if changed:
             self.mix_changes.inc()
+
+    def reserving(self, gangs: int, nodes: int, idle_gpu_hours: float) -> None:
+        """After a plan: ``gangs`` hold reservations on ``nodes``, and GPUs were held
+        idle for ``idle_gpu_hours`` since the last plan."""
+        self.reservations.set(gangs)
+        self.reserved_nodes.set(nodes)
+        if idle_gpu_hours > 0:
+            self.reserved_idle.inc(idle_gpu_hours)
 
     def answered(self, verb: str, result: str, seconds: float) -> None:
         self.requests.inc(verb, result)

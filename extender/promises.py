@@ -15,20 +15,24 @@ promise's start is unknown (a reservation waiting on pods without a time limit).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
-from cluster.model import GangId
+from cluster.model import GangId, Promise
 from extender.context import FIT, Unfit, Verdict
 
-
-@dataclass(frozen=True, slots=True)
-class Promise:
-    """A node promised from ``start`` on: to maintenance (``gang`` None) or to ``gang``.
-    ``start`` None: from a time not known yet, so nothing else may start there."""
-
-    start: datetime | None
-    gang: GangId | None = None
+# Promise lives with the cluster's records (the cache holds the reservations' promises
+# for the snapshots); the rule and its words live here.
+__all__ = [
+    "Promise",
+    "backfill_verdict",
+    "clock",
+    "duration",
+    "ends_in_time",
+    "latest_start",
+    "promise_verdict",
+    "rfc3339",
+]
 
 
 def ends_in_time(ends: datetime | None, start: datetime | None) -> bool:
@@ -61,6 +65,27 @@ def promise_verdict(
     if promise.gang is None:
         return _maintenance(promise.start, ends, limit_s)
     return _reserved(promise, node, ends, now)
+
+
+def backfill_verdict(
+    node: str,
+    promises: Sequence[Promise],
+    *,
+    pod_gang: GangId | None,
+    ends: datetime | None,
+    limit_s: int | None,
+    now: datetime,
+) -> Verdict:
+    """Whether a pod whose time limit ends at ``ends`` may start on ``node`` under its
+    ``promises`` (``reservations.node_promises``): it must end by every one of them, but
+    its own gang's reservation, which is for it."""
+    for promise in promises:
+        if promise.gang is not None and promise.gang == pod_gang:
+            continue
+        verdict = promise_verdict(promise, node, ends, limit_s, now)
+        if verdict is not FIT:
+            return verdict
+    return FIT
 
 
 def _maintenance(drain: datetime | None, ends: datetime | None, limit_s: int | None) -> Unfit:

@@ -5,10 +5,11 @@ time (backfill).
 Layer: PURE. Functions of nodes, the pods holding their GPUs, gangs and ``now``: no
 I/O, no clock, no settings, no aiohttp, no cache; the bound on reservations and the
 grace for an overrun arrive as ``ReservationRules``. Must not place pods or choose GPUs
-(the filters and ``extender.gpus`` do), must not keep reservations anywhere (a caller
-holds the last ``Plan`` and hands its reservations back), and is not yet called by the
-extender's filter pipeline: the load test's reservation study runs it
-(``loadtest.reservations``).
+(the filters and ``extender.gpus`` do), and must not keep reservations anywhere (a caller
+holds the last ``Plan`` and hands its reservations back): the live extender through
+``extender.holds`` (what is held from one plan to the next) and ``extender.reserving``
+(when it plans, where holds are recorded), the load test's reservation study
+directly (``loadtest.reservations``).
 
 How a plan is made (``plan_reservations``), gang by gang in order (the higher priority
 first, then the oldest), at most ``max_reservations`` of them:
@@ -43,10 +44,9 @@ from typing import Final
 from cluster.model import GangId, NodeName, NodeState, PodDemand, PodKey, TopologyMode
 from cluster.snapshot import Snapshot
 from extender.config import ExtenderConfig
-from extender.context import FIT, Verdict
 from extender.gpus import fragmentation
 from extender.outlooks import ANYWHERE, Holding, Outlook, OutlookMemo
-from extender.promises import Promise, latest_start, promise_verdict
+from extender.promises import Promise, latest_start
 
 _FOREVER: Final = datetime.max.replace(tzinfo=UTC)
 
@@ -184,27 +184,6 @@ def node_promises(node: NodeState, reservations: Iterable[Reservation]) -> tuple
 def _promise_order(promise: Promise) -> tuple[bool, datetime]:
     """Earliest first, a promise from an unknown time before all: nothing may go there."""
     return (promise.start is not None, promise.start or _FOREVER)
-
-
-def backfill_verdict(
-    node: str,
-    promises: Sequence[Promise],
-    *,
-    pod_gang: GangId | None,
-    ends: datetime | None,
-    limit_s: int | None,
-    now: datetime,
-) -> Verdict:
-    """Whether a pod whose time limit ends at ``ends`` may start on ``node`` under its
-    ``promises`` (``node_promises``): it must end by every one of them, but its own
-    gang's reservation, which is for it."""
-    for promise in promises:
-        if promise.gang is not None and promise.gang == pod_gang:
-            continue
-        verdict = promise_verdict(promise, node, ends, limit_s, now)
-        if verdict is not FIT:
-            return verdict
-    return FIT
 
 
 # ---------------------------------------------------------------- one domain

@@ -18,6 +18,7 @@ A healthy watch with nothing to report must still be heard within it, so the wat
 from __future__ import annotations
 
 import ipaddress
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,8 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from cluster import labels
 from cluster.convert.grammar import parse_topology_levels
 from extender.config import ExtenderConfig, ScoringWeights, TopologyLevel
+from extender.holds import HoldRules
+from extender.reservations import ReservationRules
 from server.serving_settings import MIB, ServingSettings
 
 _WEIGHTS = ScoringWeights()
@@ -90,6 +93,18 @@ class ExtenderSettings(ServingSettings):
     (their GPUs, CPU and products), or the built-in mix (``DEFAULT_POD_MIX``)."""
     pod_mix_interval_s: float = Field(60.0, gt=0)
     """How often the learned pod mix is counted again."""
+
+    max_reservations: int = Field(4, ge=0)
+    """Waiting gangs that hold a reservation at once (``extender.holds``), the higher
+    priority first, then the oldest; 0: no reservations (nothing is planned)."""
+    reservation_interval_s: float = Field(10.0, gt=0)
+    """Reservations are planned again when a gang member cannot place, and while any is
+    held, at most once per this many seconds."""
+    requeue_grace_s: float = Field(180.0, ge=0)
+    """How long a gang whose pods are gone (Kueue's waitForPodsReady requeued it, or it
+    was deleted) keeps its reservation and its place in the order."""
+    reservation_namespace: str = Field("tessera-system", min_length=1, max_length=63)
+    """Where each reservation is recorded as a Lease (the extender's own namespace)."""
 
     assume_ttl_s: float = Field(30.0, gt=0)
     """How long a bind's GPUs stay counted without the watch showing the pod bound."""
@@ -163,6 +178,13 @@ class ExtenderSettings(ServingSettings):
         if self.host is not None:
             return self.host
         return "0.0.0.0" if self.tls else "127.0.0.1"  # noqa: S104 - a pod serves on all
+
+    def hold_rules(self) -> HoldRules:
+        """The reservations' bound and grace (``extender.holds``)."""
+        return HoldRules(
+            ReservationRules(max_reservations=self.max_reservations),
+            timedelta(seconds=self.requeue_grace_s),
+        )
 
     def to_config(self) -> ExtenderConfig:
         """What the decisions read; ``ValueError`` for levels or weights they refuse."""

@@ -197,6 +197,39 @@ def format_rfc3339(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+UNKNOWN_START: Final = "unknown"
+"""A reservation's start when it waits on pods without a time limit."""
+
+
+def format_reservation(domain: str, start: datetime | None, nodes: Iterable[str]) -> str:
+    """The ``tessera.dev/reservation`` annotation of a reservation's Lease:
+    ``domain=r1;start=2026-12-01T02:00:00Z;nodes=n1,n2`` (``start=unknown``: it waits
+    on pods without a time limit; ``domain=`` empty: a gang without a topology level),
+    the inverse of ``parse_reservation``."""
+    when = UNKNOWN_START if start is None else format_rfc3339(start)
+    return f"domain={domain};start={when};nodes={','.join(nodes)}"
+
+
+def parse_reservation(value: str) -> tuple[str, datetime | None, tuple[str, ...]]:
+    """(domain, start or None, nodes) from a ``format_reservation`` value; each of the
+    three fields once, in any order, at least one node."""
+    fields: dict[str, str] = {}
+    for item in value.split(";"):
+        key, sep, text = item.strip().partition("=")
+        if not sep or key not in ("domain", "start", "nodes") or key in fields:
+            raise AnnotationError(
+                f"{echo(value)} is not domain=<domain>;start=<time>;nodes=<node,...>"
+            )
+        fields[key] = text.strip()
+    if len(fields) != 3:
+        raise AnnotationError(f"{echo(value)} lacks one of domain=, start= and nodes=")
+    nodes = tuple(n.strip() for n in fields["nodes"].split(",") if n.strip())
+    if not nodes:
+        raise AnnotationError(f"{echo(value)} names no node")
+    start = None if fields["start"] == UNKNOWN_START else parse_rfc3339(fields["start"])
+    return fields["domain"], start, nodes
+
+
 def positive_int(value: str) -> int:
     """A whole number of 1 or more (``tessera.dev/gang-size``, a GPU memory label)."""
     text = value.strip()

@@ -206,6 +206,10 @@ SCHEDULER: Final = (
     can("create", "leases.coordination.k8s.io", OWN),
     can("get", "leases.coordination.k8s.io", OWN, "tessera-scheduler"),
     can("update", "leases.coordination.k8s.io", OWN, "tessera-scheduler"),
+    # the extender's reservations, one Lease per waiting gang, in its own namespace only
+    *(can(verb, "leases.coordination.k8s.io", OWN) for verb in ("list", "patch", "delete")),
+    cannot("patch", "leases.coordination.k8s.io", SYSTEM, "kube-scheduler"),
+    cannot("list", "leases.coordination.k8s.io", NAMESPACE),
     # ... and nothing else of the kind
     cannot("update", "leases.coordination.k8s.io", SYSTEM, "tessera-scheduler"),
     cannot("update", "leases.coordination.k8s.io", OWN, "tessera-webhook"),

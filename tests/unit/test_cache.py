@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -31,6 +32,7 @@ from cluster.model import (
     PodInfo,
     PodKey,
     PodPhase,
+    Promise,
     pod_key,
 )
 from cluster.snapshot import Snapshot, indices_match, pick_gpus
@@ -521,6 +523,28 @@ def test_snapshots_are_immutable_and_reused_until_something_changes() -> None:
     cache.forget(key("a"))
     assert second.nodes[NodeName("n1")].gpus[0].free_milli == 0
     assert key("a") in second.allocations
+
+
+def test_reservations_promises_show_in_the_next_snapshot_and_log_only_their_nodes() -> None:
+    cache, _ = new_cache(gpu_node("n1"), gpu_node("n2"), gpu_node("n3"))
+    first = cache.snapshot()
+    held = (Promise(datetime(2030, 1, 1, tzinfo=UTC), GangId("ns.big")),)
+    cache.promise({NodeName("n1"): held, NodeName("n2"): held})
+    second = cache.snapshot()
+    assert dict(second.promises) == {NodeName("n1"): held, NodeName("n2"): held}
+    assert not first.promises
+    assert second.node_log is not None
+    assert sorted(second.node_log.since(first.generation, second.generation) or []) == [
+        "n1",
+        "n2",
+    ]
+    cache.promise({NodeName("n1"): held, NodeName("n2"): held})  # the same: nothing new
+    assert cache.snapshot() is second
+    cache.promise({NodeName("n2"): held})  # released on n1 only
+    third = cache.snapshot()
+    assert third.node_log is not None
+    assert third.node_log.since(second.generation, third.generation) == ["n1"]
+    assert third.nodes is second.nodes  # no node object changed: only what is promised
 
 
 def test_every_snapshot_keeps_its_own_pods_across_thousands_of_writes() -> None:

@@ -35,6 +35,7 @@ from cluster.model import (
     PodDemand,
     PodInfo,
     PodKey,
+    Promise,
 )
 from cluster.snapshot import Snapshot, apply_allocation, pick_gpus
 from extender.config import ExtenderConfig
@@ -444,7 +445,9 @@ _LATE = timedelta(hours=9)
 @st.composite
 def _judged_clusters(draw: st.DrawFn) -> tuple[Snapshot, PodInfo]:
     """A few nodes, some cordoned or draining (before or after the pod's time limit
-    ends), some of them holding members of the asking pod's gang."""
+    ends), some of them holding members of the asking pod's gang, some reserved for
+    its gang or another (from before or after its time limit ends, or a time not
+    known yet)."""
     members = []
     for i in range(draw(st.integers(1, 5))):
         made = draw(nodes(f"n{i}"))
@@ -467,7 +470,15 @@ def _judged_clusters(draw: st.DrawFn) -> tuple[Snapshot, PodInfo]:
             current[where] = apply_allocation(
                 current[where], Allocation(where, chosen, want.milli_per_gpu), 1
             )
-    return snapshot(members, placed), pod("asking", want)
+    cache = cluster(members, placed)
+    held = draw(st.lists(st.sampled_from(sorted(current)), max_size=3, unique=True))
+    promise = st.builds(
+        Promise,
+        st.sampled_from([None, NOW + timedelta(minutes=30), NOW + _LATE]),
+        st.sampled_from([GangId("ns.g"), GangId("ns.x")]),
+    )
+    cache.promise({name: (draw(promise),) for name in held})
+    return cache.snapshot(), pod("asking", want)
 
 
 @settings(max_examples=200)
@@ -477,9 +488,9 @@ def test_a_node_judged_from_its_kept_facts_gets_the_verdict_of_judging_it_whole(
 ) -> None:
     """What ``DecisionCache.by_name`` keeps of a node (``NodeFacts``: its domain at the
     gang's level, drain time, node-only verdicts) gives the verdict ``run_filters``
-    gives reading the node, for gang members and lone pods, draining nodes and not, a
-    first member and followers; facts made for one pod answer for another of its shape
-    and gang level, whatever its gang."""
+    gives reading the node, for gang members and lone pods, draining and reserved
+    nodes and not, a first member and followers; facts made for one pod answer for
+    another of its shape and gang level, whatever its gang."""
     assert KEPT_JUDGES  # or no gang member is answered by name: slower, never wrong
     snap, asking = cluster
     ctx = build_context(snap, asking, config, NOW)

@@ -32,14 +32,19 @@ from cluster.snapshot import apply_allocation
 from extender.config import ExtenderConfig
 from extender.context import FIT, Unfit
 from extender.outlooks import ANYWHERE, Holding, Outlook, node_outlook
-from extender.promises import Promise, ends_in_time, latest_start, promise_verdict
+from extender.promises import (
+    Promise,
+    backfill_verdict,
+    ends_in_time,
+    latest_start,
+    promise_verdict,
+)
 from extender.reservations import (
     Estimate,
     GangDemand,
     PlanInput,
     Reservation,
     ReservationRules,
-    backfill_verdict,
     estimate_domain,
     gang_demands,
     holdings,

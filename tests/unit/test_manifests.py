@@ -441,6 +441,14 @@ def test_kube_scheduler_may_renew_only_its_own_lease() -> None:
     }
 
 
+def test_the_extender_records_reservations_as_leases_of_its_own_namespace_only() -> None:
+    role = one("Role", "tessera-extender-reservations")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert rules(role) == {
+        (("coordination.k8s.io",), ("leases",), ("create", "delete", "list", "patch"), ())
+    }
+
+
 def bindings() -> set[tuple[str, str, str, str, str]]:
     """(binding kind, its namespace, role kind, role name, subject) for every binding."""
     found = set()
@@ -476,6 +484,7 @@ def test_each_service_account_is_bound_to_exactly_what_it_needs() -> None:
             SCHEDULER_SA,
         ),
         ("RoleBinding", NAMESPACE, "Role", "tessera-scheduler-leader-election", SCHEDULER_SA),
+        ("RoleBinding", NAMESPACE, "Role", "tessera-extender-reservations", SCHEDULER_SA),
     }
     roles = {(d.kind, d.name) for d in INSTALL if d.kind in ("ClusterRole", "Role")}
     assert roles == {
@@ -484,6 +493,7 @@ def test_each_service_account_is_bound_to_exactly_what_it_needs() -> None:
         ("ClusterRole", "tessera-console"),
         ("Role", "tessera-console-extender"),
         ("Role", "tessera-scheduler-leader-election"),
+        ("Role", "tessera-extender-reservations"),
     }
 
 

@@ -1,0 +1,245 @@
+"""Reservations in the live extender: when they are planned, and where they are kept.
+
+Layer: I/O. The shell around ``extender.holds`` (which decides): it takes one snapshot
+and the time, plans with no ``await`` in between, puts the reservations' promises in
+the cache (``ClusterCache.promise``: the filters read them from the next snapshot on),
+then records what changed on the API server. Must not decide anything itself, and must
+not plan inside a request: a request only asks for a plan (``wanted``).
+
+When: a gang member that no candidate fits asks for a plan; while any reservation is
+held, a plan runs every ``interval_s`` too (to follow the estimates, and to release a
+gang that started, or whose pods are gone past the grace); never more often than that.
+With ``max_reservations`` 0 nothing is planned at all.
+
+Where a reservation is kept (``HoldStore``): a ``coordination.k8s.io`` Lease per
+reservation in the extender's own namespace (``LeaseHolds``), not an annotation on the
+gang's pods, because
+
+* writing the pods would need ``patch`` on every pod of the cluster, which the extender
+  does not hold by design (whoever may patch any pod may change any pod's image: see
+  ``extender.binder``); a Lease needs a Role in one namespace, its own;
+* a Lease is one object per gang however many members it has, written when the
+  reservation changes (and its ``renewTime`` while the gang waits), not one per member;
+* its fields say what they mean here: the gang is the holder, ``acquireTime`` when the
+  gang first waited (its place in the order survives a restart or a failover), and
+  ``renewTime`` when its pods were last seen (so that a gang requeued just before a
+  restart keeps its grace, and one gone for long is released).
+
+The price: a Lease outlives its gang, so the extender deletes it when it releases the
+reservation (and a restarted one releases what it rebuilt once the grace has passed).
+On start the extender lists the Leases (``restore``) before its first plan. In
+standalone mode (a cluster file) the records stay in memory (``MemoryHolds``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime, timedelta
+from typing import Final, Protocol
+
+from cluster import labels, logs
+from cluster.cache import ClusterCache
+from cluster.clock import Clock
+from cluster.convert.grammar import AnnotationError
+from cluster.kube import ApiError, KubeClient, KubeError
+from cluster.model import GangId, NodeName, PodInfo
+from cluster.snapshot import Snapshot
+from extender.holds import (
+    Hold,
+    HoldRules,
+    Holds,
+    changed,
+    hold_of,
+    lease_name,
+    lease_of,
+    next_holds,
+)
+from extender.learning import LiveConfig
+from extender.metrics import ExtenderMetrics
+
+log = logging.getLogger(__name__)
+
+_HOUR_S: Final = 3600.0
+
+
+class HoldStore(Protocol):
+    """Where reservations are recorded, to be rebuilt by a restarted extender."""
+
+    async def load(self) -> dict[GangId, Hold]: ...
+
+    async def record(self, gang: GangId, hold: Hold | None) -> None:
+        """Record ``gang``'s hold, or its release (None)."""
+        ...
+
+
+class MemoryHolds:
+    """Records in memory: standalone mode, and tests."""
+
+    def __init__(self) -> None:
+        self.kept: dict[GangId, Hold] = {}
+
+    async def load(self) -> dict[GangId, Hold]:
+        return dict(self.kept)
+
+    async def record(self, gang: GangId, hold: Hold | None) -> None:
+        if hold is None:
+            self.kept.pop(gang, None)
+        else:
+            self.kept[gang] = hold
+
+
+class LeaseHolds:
+    """One Lease per reservation in ``namespace`` (see the module docstring)."""
+
+    def __init__(self, client: KubeClient, namespace: str) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+    async def load(self) -> dict[GangId, Hold]:
+        items, _ = await self._client.list(
+            self._path, {"labelSelector": f"{labels.RESERVATION}=true"}
+        )
+        found: dict[GangId, Hold] = {}
+        for item in items:
+            try:
+                hold = hold_of(item)
+            except AnnotationError as exc:
+                log.warning("reservation lease ignored", extra=logs.fields(reason=str(exc)))
+                continue
+            found[hold.gang] = hold
+        return found
+
+    async def record(self, gang: GangId, hold: Hold | None) -> None:
+        path = f"{self._path}/{lease_name(gang)}"
+        try:
+            if hold is None:
+                await self._client.delete_json(path)
+            else:
+                await self._client.patch_json(path, lease_of(hold, self._namespace))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            if hold is not None:  # not there yet: made
+                await self._client.post_json(self._path, lease_of(hold, self._namespace))
+
+
+class Reserver:
+    """The reservations this extender holds, planned and recorded (see the module's
+    docstring). One writer of ``ClusterCache.promise``."""
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        live: LiveConfig,
+        rules: HoldRules,
+        *,
+        clock: Clock,
+        metrics: ExtenderMetrics,
+        interval_s: float,
+        store: HoldStore | None = None,
+    ) -> None:
+        self.cache = cache
+        self.live = live
+        self.rules = rules
+        self.clock = clock
+        self.metrics = metrics
+        self.interval_s = interval_s
+        self.store: HoldStore = store if store is not None else MemoryHolds()
+        self.held: dict[GangId, Hold] = {}
+        self._recorded: dict[GangId, Hold] = {}
+        self._wanted = asyncio.Event()
+        self._planned_at: datetime | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.rules.plan.max_reservations > 0
+
+    def wanted(self, pod: PodInfo, fits: int) -> None:
+        """A ``/filter`` answered ``fits`` candidates for ``pod``: a gang member that no
+        candidate fits asks for a plan."""
+        if not fits and pod.demand.gang is not None and self.enabled:
+            self._wanted.set()
+
+    def plan(self) -> Holds:
+        """Plan on the current snapshot and put the promises in the cache (no await)."""
+        now = self.clock.now()
+        snapshot = self.cache.snapshot()
+        holds = next_holds(snapshot, self.live.current, self.rules, self.held, now)
+        idle = 0.0
+        if self._planned_at is not None:
+            hours = (now - self._planned_at).total_seconds() / _HOUR_S
+            idle = hours * idle_gpus(snapshot, self.held.values())
+        self._planned_at = now
+        self.held = dict(holds.held)
+        promises = holds.promises()
+        self.cache.promise(promises)
+        self.metrics.reserving(len(self.held), len(promises), idle)
+        return holds
+
+    async def record(self) -> None:
+        """Write what changed since the last records (a failed write is tried again
+        after the next plan)."""
+        refresh = max(self.rules.requeue_grace / 2, timedelta(seconds=self.interval_s))
+        for gang in list(changed(self._recorded, self.held, refresh)):
+            hold = self.held.get(gang)
+            try:
+                await self.store.record(gang, hold)
+            except KubeError as exc:
+                log.warning(
+                    "reservation not recorded", extra=logs.fields(gang=gang, error=str(exc))
+                )
+                continue
+            if hold is None:
+                self._recorded.pop(gang, None)
+            else:
+                self._recorded[gang] = hold
+
+    async def restore(self) -> None:
+        """What the records say is held, in the cache before the first plan."""
+        try:
+            found = await self.store.load()
+        except KubeError as exc:
+            log.warning("reservations not rebuilt", extra=logs.fields(error=str(exc)))
+            return
+        self.held = dict(found)
+        self._recorded = dict(found)
+        self.cache.promise(Holds(found).promises())
+        if found:
+            log.info("reservations rebuilt", extra=logs.fields(gangs=sorted(found)))
+
+    async def run(self, synced: Callable[[], Awaitable[None]]) -> None:
+        """Once ``synced()`` returns (the cache is complete): rebuild, then plan when
+        asked, and every ``interval_s`` while any reservation is held."""
+        await synced()
+        await self.restore()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wanted.wait(), self.interval_s if self.held else None)
+            self._wanted.clear()
+            self.plan()
+            await self.record()
+            await asyncio.sleep(self.interval_s)
+
+
+def idle_gpus(snapshot: Snapshot, holds: Iterable[Hold]) -> int:
+    """Healthy GPUs wholly free on the nodes ``holds`` reserve."""
+    names = {name for hold in holds for name in hold.reservation.nodes}
+    nodes = snapshot.nodes
+    return sum(
+        sum(1 for gpu in node.gpus if gpu.whole_free)
+        for name in names
+        if (node := nodes.get(name)) is not None
+    )
+
+
+def backfilled(snapshot: Snapshot, pod: PodInfo, node: str) -> bool:
+    """Whether binding ``pod`` on ``node`` backfills a reservation of another gang."""
+    held = snapshot.promises.get(NodeName(node))
+    if not held:
+        return False
+    gang = pod.demand.gang
+    return any(p.gang is not None and (gang is None or p.gang != gang.id) for p in held)
