@@ -6,9 +6,12 @@ no I/O, no clock, no settings, no aiohttp, no cache. Must not write anything: th
 server. The plan itself is ``extender.reservations.plan_reservations``; this module
 says what a plan changes about what is held:
 
-* A waiting gang (no member placed) gets the plan's reservation; one that fits now is
-  held from now (``start`` = now): nobody else starts on those nodes before its members
-  land there. A gang past the bound, or that no domain can ever hold, holds nothing.
+* A waiting gang (no member placed) gets the plan's reservation. One that held a
+  reservation and fits now (its nodes have freed) is held from now (``start`` = now):
+  nobody else starts on those nodes before its members land there. One that fits now
+  and held nothing holds nothing: it is placed as any gang is, and no other pod's
+  answer changes because a plan ran. A gang past the bound, or that no domain can ever
+  hold, holds nothing.
 * A gang with members placed but fewer than ``min`` keeps what it held, from now on, so
   that its last members find their GPUs free; once ``min`` are placed it has started
   and its hold is released.
@@ -120,6 +123,8 @@ def next_holds(
     for reservation in plan.reservations:
         kept[reservation.gang] = Hold(reservation, since[reservation.gang], now)
     for gang, estimate in plan.fits_now:
+        if gang not in held:
+            continue  # never reserved: nothing to keep for it (see the module docstring)
         now_held = Reservation(gang, estimate.domain, estimate.nodes, now)
         kept[gang] = Hold(now_held, since[gang], now)
     return Holds(kept, plan.unreserved, plan.unplaceable)

@@ -104,13 +104,23 @@ def test_the_higher_priority_then_the_oldest_hold_up_to_the_bound() -> None:
     assert holds.unreserved == ("ns.new",)
 
 
-def test_a_gang_that_fits_now_is_held_from_now_until_its_members_land() -> None:
+def test_a_reserved_gang_that_fits_now_is_held_from_now_until_its_members_land() -> None:
+    waiting = [member("g-0", "ns.g"), member("g-1", "ns.g")]
+    held = plan(waiting).held
+    assert held[GangId("ns.g")].reservation.start == at(30)
+    free = [node("........", f"r3{i}", rack="r3") for i in (1, 2)]
+    snap = snapshot([*NODES, *free], [*BUSY, *waiting])
+    holds = next_holds(snap, CONFIG, RULES, held, at(1))
+    assert holds.held[GangId("ns.g")].reservation == Reservation(
+        GangId("ns.g"), "r3", (NodeName("r31"), NodeName("r32")), at(1)
+    )
+
+
+def test_a_gang_that_fits_now_and_held_nothing_holds_nothing() -> None:
+    """A plan asked for by another gang changes no answer for one that can start now."""
     free = [node("........", f"r3{i}", rack="r3") for i in (1, 2)]
     snap = snapshot([*NODES, *free], [*BUSY, member("g-0", "ns.g"), member("g-1", "ns.g")])
-    holds = next_holds(snap, CONFIG, RULES, {}, NOW)
-    assert holds.held[GangId("ns.g")].reservation == Reservation(
-        GangId("ns.g"), "r3", (NodeName("r31"), NodeName("r32")), NOW
-    )
+    assert next_holds(snap, CONFIG, RULES, {}, NOW).held == {}
 
 
 def test_a_gang_that_began_to_land_keeps_its_nodes_until_it_has_started() -> None:
