@@ -40,7 +40,8 @@ from extender.holds import (
     next_holds,
 )
 from extender.reservations import Reservation, ReservationRules
-from tests.unit.test_extender_builders import CONFIG, NOW, RACK_LABEL, node, pod, snapshot
+from tests.builders import RACK_LABEL
+from tests.unit.test_extender_builders import CONFIG, NOW, node, pod, snapshot
 from tests.unit.test_extender_invariants import DEMANDS
 
 RULES = HoldRules(ReservationRules(max_reservations=2), timedelta(minutes=3))
