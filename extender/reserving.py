@@ -1,10 +1,12 @@
 """Reservations in the live extender: when they are planned, and where they are kept.
 
 Layer: I/O. The shell around ``extender.holds`` (which decides): it takes one snapshot
-and the time, plans with no ``await`` in between, puts the reservations' promises in
-the cache (``ClusterCache.promise``: the filters read them from the next snapshot on),
-then records what changed on the API server. Must not decide anything itself, and must
-not plan inside a request: a request only asks for a plan (``wanted``).
+and the time, plans on them (a PURE function of both, so nothing it reads changes
+meanwhile), puts the reservations' promises in the cache (``ClusterCache.promise``: the
+filters read them from the next snapshot on), then records what changed on the API
+server. Must not decide anything itself, and must not plan inside a request or on the
+event loop: a request only asks for a plan (``wanted``), and the plan runs in a worker
+thread (``plan``).
 
 When: a gang member that no candidate fits asks for a plan; while any reservation is
 held, a plan runs every ``interval_s`` too (to follow the estimates, and to release a
@@ -164,11 +166,20 @@ class Reserver:
         if not fits and pod.demand.gang is not None and self.enabled:
             self._wanted.set()
 
-    def plan(self) -> Holds:
-        """Plan on the current snapshot and put the promises in the cache (no await)."""
+    async def plan(self) -> Holds:
+        """Plan on the current snapshot, in a worker thread, then put the promises in the
+        cache. A plan reads every pod holding GPUs and every domain that may hold a waiting
+        gang: seconds of CPU at 5,000 nodes and 150,000 pods
+        (``loadtest.bench.reservations_plan``), which on the event loop would hold every
+        ``/filter`` and ``/bind`` that long. ``next_holds`` is PURE over one immutable
+        snapshot and a memo of its own, so the thread shares nothing that changes; the
+        promises are put on the loop, as one step."""
         now = self.clock.now()
         snapshot = self.cache.snapshot()
-        holds = next_holds(snapshot, self.live.current, self.rules, self.held, now)
+        held = dict(self.held)
+        holds = await asyncio.to_thread(
+            next_holds, snapshot, self.live.current, self.rules, held, now
+        )
         idle = 0.0
         if self._planned_at is not None:
             hours = (now - self._planned_at).total_seconds() / _HOUR_S
@@ -220,7 +231,7 @@ class Reserver:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wanted.wait(), self.interval_s if self.held else None)
             self._wanted.clear()
-            self.plan()
+            await self.plan()
             await self.record()
             await asyncio.sleep(self.interval_s)
 
