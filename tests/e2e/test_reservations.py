@@ -6,8 +6,8 @@ The rack (pool ``reserve``: two 8-GPU nodes) runs two 4-GPU jobs whose time limi
 (``activeDeadlineSeconds``, copied onto their pods by the webhook) ends in 10 minutes. A
 4 x 4-GPU gang needing one rack cannot start: kube-scheduler's ``/filter`` of a member
 finds no fit, the extender plans and holds the rack for the gang from when those limits
-end, recorded as a Lease. A job whose limit ends after that is refused there (``tessera
-why`` says so); one whose limit ends before it backfills. When the short jobs end, the
+end, recorded as a Lease (``tessera nodes`` shows it). A job whose limit ends after that
+is refused there (``tessera why`` says so); one whose limit ends before it backfills. When the short jobs end, the
 gang lands on the rack and its reservation is released.
 
 Nothing here places, admits or refuses anything: Kueue admits, kube-scheduler calls the
@@ -17,13 +17,16 @@ extender. The scenario plays only the kubelet: it ends the short jobs' pods
 
 from __future__ import annotations
 
+import asyncio
 import urllib.request
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import pytest
 
-from cluster import labels
+from cluster import jsonio, labels
+from cluster.clock import SystemClock
+from console.__main__ import build_parser, run
 from extender.holds import Hold, hold_of
 from loadtest.stack.cluster import E2ECluster
 from loadtest.stack.fleet import RESERVE_POOL
@@ -53,6 +56,14 @@ def held(e2e: E2ECluster) -> Hold | None:
         if lease["spec"].get("holderIdentity") == GANG_ID:
             return hold_of(lease)
     return None
+
+
+def nodes_in_process(e2e: E2ECluster) -> dict[str, Any]:
+    """``tessera nodes -o json`` with the admin's kubeconfig, computed here."""
+    environ = {"KUBECONFIG": str(e2e.plane.credentials.kubeconfig)}
+    args = build_parser(environ).parse_args(["nodes", "-o", "json"])
+    shown: dict[str, Any] = jsonio.loads(asyncio.run(run(args, environ, SystemClock())).text)
+    return shown
 
 
 def backfilled_pods(e2e: E2ECluster) -> float:
@@ -96,6 +107,9 @@ def test_a_reserved_rack_backfills_short_jobs_and_the_gang_lands_when_it_frees(
     # from when the short jobs' limits end (their pods started after busy_since - 1 s)
     assert busy_since - timedelta(seconds=5) + timedelta(seconds=SHORT_S) <= start
     assert start <= datetime.now(UTC) + timedelta(seconds=SHORT_S)
+    # tessera nodes shows it, from the Lease
+    [shown] = [r for r in nodes_in_process(e2e)["reservations"] if r["gang"] == GANG_ID]
+    assert (shown["domain"], shown["nodes"]) == ("rack-r", list(hold.reservation.nodes))
 
     # one short job ends too late for the reservation, one in time
     e2e.create_stored(gpu_job("res-late", gpus=4, pool=RESERVE_POOL, time_limit=TOO_LONG_S))
