@@ -109,6 +109,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "levels of the Kueue Topology objects)",
     )
     flag(nodes, "gang-gpus", type=int, default=8, help="GPUs of one gang pod (default 8)")
+    flag(
+        nodes,
+        "reservation-namespace",
+        default="tessera-system",
+        help="namespace of the extender's reservation Leases (default tessera-system)",
+    )
 
     commands_.add_parser(
         "queues", parents=[common], help="workloads, GPUs, quota and waits per queue, like squeue"
@@ -243,6 +249,7 @@ def _command(args: argparse.Namespace, source: Source | None, clock: Clock) -> A
             node=args.node,
             gang_gpus=int(args.gang_gpus),
             by_node=args.by_node,
+            reservation_namespace=str(args.reservation_namespace),
         )
     if args.command == "queues":
         return queues_cmd.queues(source, clock, output=output)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from cluster import labels
 from cluster.clock import Clock
 from cluster.convert.grammar import format_rfc3339, parse_topology_levels
+from cluster.kube import ApiError
 from console import render
 from console.nodes import (
     Level,
@@ -21,8 +23,12 @@ from console.nodes import (
     policy_levels,
 )
 from console.output import ConsoleError, Output, json_text
+from console.reserved import ReservedRow, reserved_rows
 from console.source import KUEUE_KINDS, Source, build_snapshot
 from webhook.policy_build import policy_from_objects
+
+RESERVATION_NAMESPACE = "tessera-system"
+"""Where the extender records reservations by default (its ``--reservation-namespace``)."""
 
 
 async def nodes(
@@ -34,8 +40,10 @@ async def nodes(
     node: str | None = None,
     gang_gpus: int = 8,
     by_node: bool = False,
+    reservation_namespace: str = RESERVATION_NAMESPACE,
 ) -> Output:
     objects = await source.objects(("Node", "Pod", *KUEUE_KINDS))
+    reserved, reserved_notes = await _reservations(source, reservation_namespace)
     policy = policy_from_objects(o for o in objects if o["kind"] in KUEUE_KINDS)
     try:
         chosen: Sequence[Level] = parse_topology_levels(levels) if levels else policy_levels(policy)
@@ -44,7 +52,7 @@ async def nodes(
     snapshot, problems = build_snapshot(objects, [label for _, label in chosen], clock)
     now = clock.now()
     report = nodes_report(snapshot, policy.flavors, chosen, now, gang_gpus=gang_gpus)
-    notes = tuple(f"note: {p}" for p in problems)
+    notes = (*(f"note: {p}" for p in problems), *reserved_notes)
     if node is not None:
         gpus = node_gpus(snapshot, node)
         row = next((r for r in report.nodes if r.name == node), None)
@@ -67,8 +75,36 @@ async def nodes(
         ]
         return Output(head + render.table(("GPU", "ISLAND", "HEALTH", "POD", "MILLI"), rows), notes)
     if output == "json":
-        return Output(json_text(report.to_json()), notes)
-    return Output(_nodes_text(report, by_node=by_node), notes)
+        shown = {**report.to_json(), "reservations": [r.to_json() for r in reserved]}
+        return Output(json_text(shown), notes)
+    return Output(_nodes_text(report, by_node=by_node) + _reserved_text(reserved), notes)
+
+
+async def _reservations(
+    source: Source, namespace: str
+) -> tuple[tuple[ReservedRow, ...], tuple[str, ...]]:
+    """The reservations the extender recorded as Leases in ``namespace``; a console role
+    that may not list them gets a note, not an error (the rest of the report stands)."""
+    try:
+        leases = await source.namespaced("Lease", namespace, {labels.RESERVATION: "true"})
+    except ApiError as exc:
+        if exc.status not in (401, 403, 404):
+            raise
+        return (), (
+            f"note: reservations not shown: cannot list Leases in namespace {namespace} "
+            f"(HTTP {exc.status}); the console's Role tessera-console-extender grants it",
+        )
+    rows, problems = reserved_rows(leases)
+    return rows, tuple(f"note: {p}" for p in problems)
+
+
+def _reserved_text(rows: Sequence[ReservedRow]) -> str:
+    if not rows:
+        return ""
+    return "\n" + render.table(
+        ("RESERVED-FOR", "DOMAIN", "FROM", "NODES"),
+        [(r.gang, r.domain, r.start or "unknown", ",".join(r.nodes)) for r in rows],
+    )
 
 
 def _node_head(row: NodeRow) -> str:

@@ -33,6 +33,7 @@ COLLECTIONS: Final = {
     "JobSet": ("/apis/jobset.x-k8s.io/v1alpha2", "jobsets"),
     "Event": ("/api/v1", "events"),
     "ResourceQuota": ("/api/v1", "resourcequotas"),
+    "Lease": ("/apis/coordination.k8s.io/v1", "leases"),
 }
 """Each kind the console reads, by API group version and resource."""
 KUEUE_KINDS: Final = ("ResourceFlavor", "Topology", "ClusterQueue", "LocalQueue")

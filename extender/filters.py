@@ -36,18 +36,13 @@ from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
 from cluster.labels import GPU_RESOURCE
-from cluster.model import (
-    NodeRequirement,
-    NodeState,
-    Taint,
-    Toleration,
-    product_matches,
-)
+from cluster.model import NodeState, product_matches
 from extender.config import TopologyLevel
 from extender.context import FIT, GangView, PodContext, Unfit, Verdict
 from extender.gpus import islands, one_island, pod_fits
 from extender.memo import MISSING, FactsKey, gpu_state
 from extender.promises import Promise, backfill_verdict, promise_verdict
+from extender.selection import selection_refusal
 
 Filter: TypeAlias = Callable[[PodContext, NodeState], Verdict]
 
@@ -71,53 +66,8 @@ def filter_node_selection(ctx: PodContext, node: NodeState) -> Verdict:
     selection = ctx.demand.selection
     if selection is None:
         return FIT
-    if not all(_meets(node, r) for r in selection.required) or (
-        selection.terms is not None
-        and not any(all(_meets(node, r) for r in term) for term in selection.terms)
-    ):
-        return Unfit(
-            "node does not match the pod's node selector or required node affinity",
-            resolvable=False,
-        )
-    for taint in node.taints:
-        if taint.effect in ("NoSchedule", "NoExecute") and not any(
-            _tolerates(t, taint) for t in selection.tolerations
-        ):
-            return Unfit(
-                f"node has taint {taint.key}={taint.value}:{taint.effect}, which the pod "
-                "does not tolerate",
-                resolvable=False,
-            )
-    return FIT
-
-
-def _meets(node: NodeState, requirement: NodeRequirement) -> bool:
-    if requirement.field:
-        value: str | None = node.name if requirement.key == "metadata.name" else None
-    else:
-        value = node.labels.get(requirement.key)
-    operator, values = requirement.operator, requirement.values
-    if operator == "In":
-        return value is not None and value in values
-    if operator == "NotIn":
-        return value is None or value not in values
-    if operator == "Exists":
-        return value is not None
-    if operator == "DoesNotExist":
-        return value is None
-    try:  # Gt, Lt: one integer on each side
-        here, there = int(value or ""), int(values[0])
-    except (ValueError, IndexError):
-        return False
-    return here > there if operator == "Gt" else here < there
-
-
-def _tolerates(toleration: Toleration, taint: Taint) -> bool:
-    if toleration.effect and toleration.effect != taint.effect:
-        return False
-    if toleration.operator == "Exists":
-        return not toleration.key or toleration.key == taint.key
-    return toleration.key == taint.key and toleration.value == taint.value
+    refused = selection_refusal(selection, node)
+    return FIT if refused is None else Unfit(refused, resolvable=False)
 
 
 def filter_product(ctx: PodContext, node: NodeState) -> Verdict:

@@ -35,6 +35,7 @@ from cluster.model import (
 )
 from extender.gpus import gpus_fit, pod_fits
 from extender.promises import Promise
+from extender.selection import selection_refusal
 
 ANYWHERE: Final = ""
 """The one domain of a member shape without a topology level: every node that may hold it."""
@@ -251,9 +252,9 @@ class OutlookMemo:
 
     def __init__(self, *, told: bool = False) -> None:
         self._told = told
-        self._within: dict[NodeName, list[tuple[str, int, int, int, bool]]] = {}
+        self._within: dict[NodeName, list[tuple[object, ...]]] = {}
         self._outlooks: dict[tuple[NodeName, int, int, int, bool], _KeptOutlook] = {}
-        self._totals: dict[tuple[str, int, int, int, bool], _KeptTotals] = {}
+        self._totals: dict[tuple[object, ...], _KeptTotals] = {}
         self._domains: dict[tuple[object, ...], tuple[object, dict[str, tuple[NodeName, ...]]]] = {}
         self._drains: tuple[object, dict[NodeName, Promise]] | None = None
 
@@ -302,7 +303,15 @@ class OutlookMemo:
         """The ``DomainTotals`` of ``names`` for ``member``, kept while each node and its
         holdings are the same objects and no pod there has passed its end."""
         islands = cluster.islands_required
-        key = (domain, member.gpus, member.gpu_milli, member.cpu_milli, islands)
+        key = (
+            domain,
+            member.gpus,
+            member.gpu_milli,
+            member.cpu_milli,
+            member.products,
+            member.selection,
+            islands,
+        )
         kept = self._totals.get(key)
         if self._told and kept is not None and now <= kept.until:
             return kept.totals
@@ -342,7 +351,14 @@ class OutlookMemo:
     ) -> dict[str, tuple[NodeName, ...]]:
         """The nodes that may ever hold a ``member`` (schedulable, an accepted product,
         enough healthy GPUs), by their domain at ``level`` (``ANYWHERE`` without one)."""
-        key = (level, member.gpus, member.gpu_milli, member.products, islands_required)
+        key = (
+            level,
+            member.gpus,
+            member.gpu_milli,
+            member.products,
+            member.selection,
+            islands_required,
+        )
         kept = self._domains.get(key)
         if kept is not None and kept[0] is nodes:
             return kept[1]
@@ -383,5 +399,7 @@ def _may_hold(node: NodeState, member: PodDemand, islands_required: bool) -> boo
     if node.unschedulable:
         return False
     if member.products and not any(product_matches(p, node.product) for p in member.products):
+        return False
+    if member.selection is not None and selection_refusal(member.selection, node) is not None:
         return False
     return pod_fits(node, member, islands_required, empty=True) > 0

@@ -395,6 +395,7 @@ def _ranked(
         member.gpu_milli,
         member.cpu_milli,
         member.products,
+        member.selection,
         gang.members,
     )
     found = ranked.get(key)

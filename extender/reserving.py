@@ -1,15 +1,19 @@
 """Reservations in the live extender: when they are planned, and where they are kept.
 
 Layer: I/O. The shell around ``extender.holds`` (which decides): it takes one snapshot
-and the time, plans with no ``await`` in between, puts the reservations' promises in
-the cache (``ClusterCache.promise``: the filters read them from the next snapshot on),
-then records what changed on the API server. Must not decide anything itself, and must
-not plan inside a request: a request only asks for a plan (``wanted``).
+and the time, plans on them (a PURE function of both, so nothing it reads changes
+meanwhile), puts the reservations' promises in the cache (``ClusterCache.promise``: the
+filters read them from the next snapshot on), then records what changed on the API
+server. Must not decide anything itself, and must not plan inside a request or on the
+event loop: a request only asks for a plan (``wanted``), and the plan runs in a worker
+thread (``plan``).
 
 When: a gang member that no candidate fits asks for a plan; while any reservation is
 held, a plan runs every ``interval_s`` too (to follow the estimates, and to release a
 gang that started, or whose pods are gone past the grace); never more often than that.
-With ``max_reservations`` 0 nothing is planned at all.
+With ``max_reservations`` 0 nothing is planned at all. Only a replica kube-scheduler
+asks plans and writes (``Reserver.active``): with two scheduler replicas, the standby's
+extender rebuilds the reservations but leaves their Leases to the leader's.
 
 Where a reservation is kept (``HoldStore``): a ``coordination.k8s.io`` Lease per
 reservation in the extender's own namespace (``LeaseHolds``), not an annotation on the
@@ -63,6 +67,8 @@ from extender.metrics import ExtenderMetrics
 log = logging.getLogger(__name__)
 
 _HOUR_S: Final = 3600.0
+ACTIVE_PLANS: Final = 3
+"""A replica asked no ``/filter`` for this many plan intervals is taken for a standby."""
 
 
 class HoldStore(Protocol):
@@ -153,22 +159,48 @@ class Reserver:
         self._recorded: dict[GangId, Hold] = {}
         self._wanted = asyncio.Event()
         self._planned_at: datetime | None = None
+        self._asked_at: float | None = None
 
     @property
     def enabled(self) -> bool:
         return self.rules.plan.max_reservations > 0
 
     def wanted(self, pod: PodInfo, fits: int) -> None:
-        """A ``/filter`` answered ``fits`` candidates for ``pod``: a gang member that no
-        candidate fits asks for a plan."""
+        """A ``/filter`` answered ``fits`` candidates for ``pod``: this replica is the one
+        kube-scheduler asks (see ``active``), and a gang member that no candidate fits
+        asks for a plan."""
+        self._asked_at = self.clock.monotonic()
         if not fits and pod.demand.gang is not None and self.enabled:
             self._wanted.set()
 
-    def plan(self) -> Holds:
-        """Plan on the current snapshot and put the promises in the cache (no await)."""
+    @property
+    def active(self) -> bool:
+        """Whether kube-scheduler asked this replica a ``/filter`` within the last
+        ``ACTIVE_PLANS`` intervals. Only the leader's kube-scheduler calls its extender,
+        so a standby never is: it keeps the reservations it rebuilt (for when it leads)
+        but neither plans nor writes a Lease, which the leader's extender owns. A leader
+        with no request for that long plans again at its next one, from the Leases as
+        they are then (another replica may have led meanwhile): a reservation only
+        matters to the requests that read it."""
+        asked = self._asked_at
+        return asked is not None and self.clock.monotonic() - asked <= (
+            ACTIVE_PLANS * self.interval_s
+        )
+
+    async def plan(self) -> Holds:
+        """Plan on the current snapshot, in a worker thread, then put the promises in the
+        cache. A plan reads every pod holding GPUs and every domain that may hold a waiting
+        gang: seconds of CPU at 5,000 nodes and 150,000 pods
+        (``loadtest.bench.reservations_plan``), which on the event loop would hold every
+        ``/filter`` and ``/bind`` that long. ``next_holds`` is PURE over one immutable
+        snapshot and a memo of its own, so the thread shares nothing that changes; the
+        promises are put on the loop, as one step."""
         now = self.clock.now()
         snapshot = self.cache.snapshot()
-        holds = next_holds(snapshot, self.live.current, self.rules, self.held, now)
+        held = dict(self.held)
+        holds = await asyncio.to_thread(
+            next_holds, snapshot, self.live.current, self.rules, held, now
+        )
         idle = 0.0
         if self._planned_at is not None:
             hours = (now - self._planned_at).total_seconds() / _HOUR_S
@@ -216,11 +248,18 @@ class Reserver:
         asked, and every ``interval_s`` while any reservation is held."""
         await synced()
         await self.restore()
+        current = True
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wanted.wait(), self.interval_s if self.held else None)
             self._wanted.clear()
-            self.plan()
+            if not self.active:  # a standby, or a leader nobody asked for a while
+                current = False
+                continue
+            if not current:
+                await self.restore()
+                current = True
+            await self.plan()
             await self.record()
             await asyncio.sleep(self.interval_s)
 

@@ -17,10 +17,13 @@ import yaml
 from cluster import jsonio, labels
 from cluster.clock import ManualClock
 from cluster.convert.nodes import node_from_json
+from cluster.model import GangId, NodeName
 from console import annotate
 from console.__main__ import build_parser, main, run
 from console.output import ConsoleError, Output
 from extender.app import create_app
+from extender.holds import Hold, lease_of
+from extender.reservations import Reservation
 from extender.settings import ExtenderSettings, parse_levels
 from server.serving import DEBUG_ROUTES, EXPOSITION, metrics_app, running
 from tests.builders import BLOCK_LABEL, RACK_LABEL, pod_json
@@ -595,3 +598,44 @@ async def test_upgrade_plan_applied_sets_each_wave_s_drain_after_with_an_event(
     )
     assert "nothing written" in text.text
     assert len(api.requests_of("patch")) == before
+
+
+async def test_nodes_shows_the_reservations_the_extender_recorded(
+    api: FakeApiServer, tmp_path: Path
+) -> None:
+    # as the extender writes it (extender.holds.lease_of), in its namespace
+    start = NOW + dt.timedelta(minutes=20)
+    reservation = Reservation(
+        GangId("nlp.pretrain"), "r1", (NodeName("gpu-r1-1"), NodeName("gpu-r1-2")), start
+    )
+    lease = lease_of(Hold(reservation, NOW - dt.timedelta(minutes=5), NOW), "tessera-system")
+    api.put("/apis/coordination.k8s.io/v1/leases", lease)
+    # a Lease of someone else's in the namespace is not a reservation
+    api.put(
+        "/apis/coordination.k8s.io/v1/leases",
+        {"metadata": {"name": "tessera-scheduler", "namespace": "tessera-system"}, "spec": {}},
+    )
+
+    shown = jsonio.loads((await console(api, tmp_path, "nodes", "-o", "json")).text)
+    assert shown["reservations"] == [
+        {
+            "gang": "nlp.pretrain",
+            "domain": "r1",
+            "start": "2026-01-01T06:20:00Z",
+            "nodes": ["gpu-r1-1", "gpu-r1-2"],
+            "waiting_since": "2026-01-01T05:55:00Z",
+        }
+    ]
+    text = (await console(api, tmp_path, "nodes")).text
+    assert text.splitlines()[-2].split() == ["RESERVED-FOR", "DOMAIN", "FROM", "NODES"]
+    assert text.splitlines()[-1].split() == [
+        "nlp.pretrain",
+        "r1",
+        "2026-01-01T06:20:00Z",
+        "gpu-r1-1,gpu-r1-2",
+    ]
+    # elsewhere (--reservation-namespace) there are none
+    other = await console(
+        api, tmp_path, "nodes", "-o", "json", "--reservation-namespace", "elsewhere"
+    )
+    assert jsonio.loads(other.text)["reservations"] == []

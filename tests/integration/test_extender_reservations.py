@@ -18,7 +18,7 @@ from typing import Any
 
 from cluster import jsonio
 from cluster.feed import NODES_PATH, PODS_PATH
-from cluster.model import NodeName
+from cluster.model import GangId, NodeName
 from extender.settings import ExtenderSettings
 from tests.builders import node_json, pod_json
 from tests.fakeapi import FakeApiServer, write_kubeconfig
@@ -163,5 +163,15 @@ async def test_a_restarted_extender_rebuilds_the_reservation_from_its_lease(
                 }
                 bound["status"] = {"phase": "Running", "startTime": "2026-11-29T18:50:00Z"}
                 api.put(PODS_PATH, bound)
+            await until(
+                lambda: len(again.cache.snapshot().gangs.get(GangId("ml.big"), ())) == 2,
+                "both members placed in the cache",
+            )
+            # no /filter asked of it: it is not the replica kube-scheduler calls (a
+            # standby), so it leaves the Lease to the leader's extender
+            await asyncio.sleep(10 * settings.reservation_interval_s)
+            assert api.objects(LEASES)
+            # asked, it leads: it reads the Leases again, plans, and releases the gang
+            await again.post("/filter", filter_args(member(1), NODES))
             await until(lambda: not api.objects(LEASES), "the Lease deleted")
             assert not again.cache.snapshot().promises

@@ -19,6 +19,8 @@ from cluster.model import (
     GangId,
     GangSpec,
     NodeName,
+    NodeRequirement,
+    NodeSelection,
     NodeState,
     PodDemand,
     PodInfo,
@@ -38,6 +40,7 @@ from extender.holds import (
     next_holds,
 )
 from extender.reservations import Reservation, ReservationRules
+from tests.builders import RACK_LABEL
 from tests.unit.test_extender_builders import CONFIG, NOW, node, pod, snapshot
 from tests.unit.test_extender_invariants import DEMANDS
 
@@ -121,6 +124,33 @@ def test_a_gang_that_fits_now_and_held_nothing_holds_nothing() -> None:
     free = [node("........", f"r3{i}", rack="r3") for i in (1, 2)]
     snap = snapshot([*NODES, *free], [*BUSY, member("g-0", "ns.g"), member("g-1", "ns.g")])
     assert next_holds(snap, CONFIG, RULES, {}, NOW).held == {}
+
+
+def test_a_gang_holds_only_nodes_its_node_selector_lets_it_use() -> None:
+    # r1 frees first and r3 is free now, but the gang's pods select the nodes of pool b
+    # (r2): kube-scheduler would never offer the others, so holding them would keep
+    # GPUs idle for a gang that cannot use them, and starve it.
+    pools = {"r1": "a", "r2": "b", "r3": "a"}
+    free = [node("........", f"r3{i}", rack="r3") for i in (1, 2)]
+    nodes = [replace(n, labels={**n.labels, "pool": pools[n.domains[RACK_LABEL]]})
+             for n in [*NODES, *free]]  # fmt: skip
+    pool_b = NodeSelection(required=(NodeRequirement("pool", "In", ("b",)),))
+    members = [
+        replace(m, demand=replace(m.demand, selection=pool_b))
+        for m in (member("g-0", "ns.g"), member("g-1", "ns.g"))
+    ]
+    holds = next_holds(snapshot(nodes, [*BUSY, *members]), CONFIG, RULES, {}, NOW)
+    hold = holds.held[GangId("ns.g")]
+    assert (hold.reservation.nodes, hold.reservation.start) == (
+        (NodeName("r21"), NodeName("r22")),
+        at(60),
+    )
+    # the same gang with no selector is held on the free rack, now
+    unselected = next_holds(
+        snapshot(nodes, [*BUSY, member("g-0", "ns.g"), member("g-1", "ns.g")]),
+        CONFIG, RULES, {}, NOW,
+    )  # fmt: skip
+    assert unselected.held[GangId("ns.g")].reservation.nodes == (NodeName("r31"), NodeName("r32"))
 
 
 def test_a_gang_that_began_to_land_keeps_its_nodes_until_it_has_started() -> None:

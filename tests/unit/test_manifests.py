@@ -405,7 +405,8 @@ def test_the_console_reads_queues_and_pods_and_writes_only_node_annotations_even
     ``gpu-health`` get and patch a node and create an Event, ``sbatch`` creates a Job,
     ``why`` gets the object asked about and lists its namespace's events (and ResourceQuotas,
     which ``queues`` and ``capacity`` list too), and reads the
-    extenders' /debug/reasons through the pod proxy in tessera-system only. Left
+    extenders' /debug/reasons through the pod proxy in tessera-system only, and the
+    Leases there that record reservations (``nodes`` shows them). Left
     unbound: an admin binds it to the platform team."""
     assert rules(one("ClusterRole", "tessera-console")) == {
         (("",), ("nodes",), ("get", "list", "patch"), ()),
@@ -430,7 +431,10 @@ def test_the_console_reads_queues_and_pods_and_writes_only_node_annotations_even
     }
     proxy = one("Role", "tessera-console-extender")
     assert proxy["metadata"]["namespace"] == NAMESPACE
-    assert rules(proxy) == {(("",), ("pods/proxy",), ("get",), ())}
+    assert rules(proxy) == {
+        (("",), ("pods/proxy",), ("get",), ()),
+        (("coordination.k8s.io",), ("leases",), ("get", "list"), ()),
+    }
 
 
 def test_kube_scheduler_may_renew_only_its_own_lease() -> None:
