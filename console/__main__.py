@@ -25,6 +25,7 @@ from cluster.kube import KubeClient, KubeConfig, KubeError
 from console import (
     annotate,
     capacity_cmd,
+    capacity_range_cmd,
     node_write_cmd,
     nodes_cmd,
     queues_cmd,
@@ -46,6 +47,7 @@ examples:
   tessera nodes --node gpu-a-0 -o json
   tessera queues
   tessera capacity                               # does a team need more quota or more nodes?
+  tessera capacity --prometheus http://prometheus:9090 --range 7d   # ... over the last week
   tessera why job/pretrain -n team-nlp             # webhook, Kueue and extender, stage by stage
   tessera why pretrain-0-x7k2p -n team-nlp --extender http://127.0.0.1:8889
   tessera drain gpu-a-0 --at 2026-12-01T02:00:00Z --reason "driver 570"
@@ -120,12 +122,19 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "queues", parents=[common], help="workloads, GPUs, quota and waits per queue, like squeue"
     )
 
-    commands_.add_parser(
+    capacity = commands_.add_parser(
         "capacity",
         parents=[common],
         help="per flavor and ClusterQueue: quota against GPUs, and whether the work waiting "
-        "needs more quota or more nodes",
+        "needs more quota or more nodes; with --prometheus, over a time range",
     )
+    flag(
+        capacity,
+        "prometheus",
+        help="a Prometheus URL: report over --range from Kueue's and Tessera's metrics "
+        "instead of the cluster now",
+    )
+    flag(capacity, "range", default="7d", help="with --prometheus: how far back (default 7d)")
 
     why = commands_.add_parser(
         "why",
@@ -218,7 +227,7 @@ async def run(args: argparse.Namespace, environ: Mapping[str, str], clock: Clock
         source: Source | None = None
         if args.cluster_file:
             source = FileSource(Path(args.cluster_file))
-        elif not (args.command == "sbatch" and args.dry_run):
+        elif not (args.command == "sbatch" and args.dry_run) and not _over_range(args):
             path = kubeconfig_path(args, environ)
             if path is not None:
                 config = await KubeConfig.from_kubeconfig(path, context=args.context)
@@ -238,6 +247,16 @@ def _command(args: argparse.Namespace, source: Source | None, clock: Clock) -> A
         raise ConsoleError("-o yaml is for sbatch; use -o json")
     if args.command == "sbatch":
         return _sbatch(args, source)
+    if _over_range(args):
+        return capacity_range_cmd.capacity_over_range(
+            args.prometheus, args.range, clock, output=output
+        )
+    return _on_cluster(args, source, clock, output)
+
+
+def _on_cluster(
+    args: argparse.Namespace, source: Source | None, clock: Clock, output: str
+) -> Awaitable[Output]:
     if source is None:  # pragma: no cover - run() opens one for every other command
         raise ConsoleError("no cluster to read")
     if args.command == "nodes":
@@ -290,6 +309,11 @@ def _command(args: argparse.Namespace, source: Source | None, clock: Clock) -> A
     return node_write_cmd.write_node(
         source, clock, args.node_name, decide, output=output, dry_run=args.dry_run
     )
+
+
+def _over_range(args: argparse.Namespace) -> bool:
+    """``tessera capacity --prometheus``: Prometheus is read, not the cluster."""
+    return args.command == "capacity" and bool(args.prometheus)
 
 
 def _sbatch(args: argparse.Namespace, source: Source | None) -> Awaitable[Output]:

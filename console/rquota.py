@@ -4,7 +4,8 @@ fail and the job hangs with events nobody reads.
 
 Layer: PURE. From ResourceQuota objects (decoded JSON), the queue policy and the
 Workloads to frozen records and sentences: no I/O, no clock. Must not raise on a
-malformed quota: a field that cannot be read is left out.
+malformed quota: a field that cannot be read is left out. The records and the sums are
+``webhook.namespace_quota``'s, which the webhook's submit-time rule reads too.
 
 The conflicts named:
 
@@ -18,87 +19,23 @@ The conflicts named:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Final
+from collections.abc import Sequence
+from dataclasses import replace
 
-from cluster.quantity import QuantityError, to_milli
 from console.queues import Workload
-from console.reading import field_map
 from console.why import WhyReport
+from webhook.namespace_quota import QuotaLimit as Limit
+from webhook.namespace_quota import below_nominal, read_limits
 from webhook.queues import Policy
 
-GPU_KEYS: Final = ("requests.nvidia.com/gpu", "nvidia.com/gpu")
-"""How a quota names whole GPUs (an extended resource takes only ``requests.``; the bare
-name is accepted as Kubernetes accepts it in ``hard``)."""
-POD_KEYS: Final = ("pods", "count/pods")
-
-
-@dataclass(frozen=True, slots=True)
-class Limit:
-    """One limit of one ResourceQuota: ``used`` of ``hard`` (whole units)."""
-
-    namespace: str
-    quota: str
-    resource: str
-    hard: int
-    used: int
-
-    @property
-    def room(self) -> int:
-        return max(0, self.hard - self.used)
-
-    @property
-    def gpus(self) -> bool:
-        return self.resource in GPU_KEYS
-
-    @property
-    def name(self) -> str:
-        return f"ResourceQuota {self.namespace}/{self.quota}"
-
-    def to_json(self) -> dict[str, object]:
-        return {
-            "namespace": self.namespace,
-            "name": self.quota,
-            "resource": self.resource,
-            "hard": self.hard,
-            "used": self.used,
-        }
-
-
-def read_limits(objs: Iterable[Mapping[str, Any]]) -> tuple[Limit, ...]:
-    """The GPU and pod limits of the ResourceQuotas among ``objs``."""
-    found = []
-    for obj in objs:
-        if obj.get("kind") != "ResourceQuota":
-            continue
-        meta = field_map(obj, "metadata")
-        hard = field_map(obj, "spec", "hard")
-        used = field_map(obj, "status", "used")
-        for key in (*GPU_KEYS, *POD_KEYS):
-            if key not in hard:
-                continue
-            limit, in_use = _whole(hard.get(key)), _whole(used.get(key, "0"))
-            if limit is not None:
-                found.append(
-                    Limit(
-                        str(meta.get("namespace") or "default"),
-                        str(meta.get("name") or "?"),
-                        key,
-                        limit,
-                        in_use or 0,
-                    )
-                )
-    return tuple(found)
-
-
-def _whole(value: object) -> int | None:
-    if not isinstance(value, str | int | float) or isinstance(value, bool):
-        return None
-    try:
-        return to_milli(value) // 1000
-    except QuantityError:
-        return None
+__all__ = [
+    "Limit",
+    "conflicts",
+    "job_refusals",
+    "read_limits",
+    "refusing",
+    "with_refusals",
+]
 
 
 def _pods(w: Workload) -> int:
@@ -107,10 +44,6 @@ def _pods(w: Workload) -> int:
 
 def _asked(limit: Limit, w: Workload) -> int:
     return w.gpus if limit.gpus else _pods(w)
-
-
-def _unit(limit: Limit) -> str:
-    return "GPUs" if limit.gpus else "pods"
 
 
 def conflicts(
@@ -132,18 +65,18 @@ def conflicts(
             cq = policy.cluster_queue(name)
             if cq is None:
                 continue
-            nominal = sum(q.nominal for (_, r), q in cq.quotas.items() if r == "nvidia.com/gpu")
-            if limit.hard * 1000 < nominal:
+            nominal = below_nominal(limit, cq)
+            if nominal is not None:
                 found.append(
                     f"{limit.name} allows {limit.hard} GPUs ({limit.resource}), below "
-                    f"ClusterQueue {name}'s nominal {nominal // 1000} that namespace "
+                    f"ClusterQueue {name}'s nominal {nominal} that namespace "
                     f"{limit.namespace} queues to: Kueue can admit jobs whose pods it refuses"
                 )
     for w in workloads:
         for limit in limits:
             if limit.namespace == w.namespace and _asked(limit, w) > limit.hard:
                 found.append(
-                    f"workload {w.namespace}/{w.name} asks {_asked(limit, w)} {_unit(limit)}, "
+                    f"workload {w.namespace}/{w.name} asks {_asked(limit, w)} {limit.unit}, "
                     f"more than {limit.name} allows ({limit.hard}): its pods can never all "
                     "be created"
                 )
@@ -160,7 +93,7 @@ def refusing(
         missing = missing_gpus if limit.gpus else missing_pods
         if limit.namespace == namespace and missing > limit.room:
             found.append(
-                f"{limit.name}: {limit.used} of {limit.hard} {_unit(limit)} used "
+                f"{limit.name}: {limit.used} of {limit.hard} {limit.unit} used "
                 f"({limit.resource}), {missing} more needed: the job controller cannot create "
                 "the rest of its pods"
             )

@@ -17,6 +17,7 @@ from webhook.owners import NO_OWNERS, OwnerVerdict, OwnerView, judge_owner
 from webhook.patch import Draft, PatchError
 from webhook.queues import Policy
 from webhook.rules.gang import name_gang, request_gang_id, rule_gang, rule_quota
+from webhook.rules.namespace import rule_namespace_quota
 from webhook.rules.outcome import INVALID, UNKNOWN_QUEUE, AdmitConfig, Allowed, Decision, Denied
 from webhook.rules.placement import rule_flavors, rule_topology
 from webhook.rules.queue import (
@@ -247,6 +248,9 @@ def _mutate(workload: Workload, policy: Policy, config: AdmitConfig) -> Decision
         quota = rule_quota(workload, queue, flavors, policy)
         if isinstance(quota, Denied):
             return quota
+        namespace_quota = rule_namespace_quota(workload, queue, policy)
+        if isinstance(namespace_quota, Denied):
+            return namespace_quota
         gang = rule_gang(workload, queue, flavors, policy, out)
         if isinstance(gang, Denied):
             return gang
@@ -256,7 +260,13 @@ def _mutate(workload: Workload, policy: Policy, config: AdmitConfig) -> Decision
         time_limit = rule_time_limit(workload, queue, out)
         if isinstance(time_limit, Denied):
             return time_limit
-        notes += (*quota, *topology, *time_limit, *rule_scheduler(workload, config, out))
+        notes += (
+            *quota,
+            *namespace_quota,
+            *topology,
+            *time_limit,
+            *rule_scheduler(workload, config, out),
+        )
     except (WorkloadError, PatchError) as exc:
         return Denied(INVALID, "invalid", f"{workload.kind.value} is not valid: {exc}")
     return Allowed(

@@ -5,7 +5,7 @@ not decide anything itself: what it keeps is what ``webhook.admit.decide`` and
 ``webhook.patch.diff`` answered, and it answers only where they would answer the same.
 
 Jobs are created from templates: a CI pipeline or a sweep sends the same Job again and
-again, with a new name (or a ``generateName``) each time. The nine rules read the object
+again, with a new name (or a ``generateName``) each time. The ten rules read the object
 and the policy, and of the object's identity only the name, for two things: the gang id
 (``<namespace>.<name>``, or a suffix drawn from the request uid) and the messages of
 denials. So an object whose content, identity left out, is one seen before under the

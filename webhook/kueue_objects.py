@@ -20,6 +20,9 @@ Objects read (API group ``kueue.x-k8s.io``, any version; ``v1beta2`` is current)
 * ``LocalQueue``: ``spec.clusterQueue``.
 * ``Topology``: ``spec.levels[].nodeLabel``, from the top level down.
 * ``WorkloadPriorityClass``: ``value``.
+* ``ResourceQuota`` (core ``v1``): ``spec.hard`` on whole GPUs and pods, and whether it
+  has scopes (``webhook.namespace_quota``); a namespace's quota still applies after
+  Kueue admits a job.
 * A ``List`` of any of these (what ``kubectl get -o yaml`` prints) is read item by item.
 
 What Kueue has no field for comes from ``tessera.dev/*`` annotations, read on the
@@ -41,6 +44,7 @@ from typing import Any, Final, TypeGuard
 from cluster import labels
 from cluster.model import Taint
 from cluster.quantity import QuantityError, to_milli
+from webhook.namespace_quota import NamespaceQuota, namespace_quota
 from webhook.queues import (
     KUEUE_GROUP,
     ClusterQueue,
@@ -63,7 +67,7 @@ def _str(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
-Record = Flavor | ClusterQueue | LocalQueue | Topology | PriorityClass
+Record = Flavor | ClusterQueue | LocalQueue | Topology | PriorityClass | NamespaceQuota
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +124,8 @@ def policy_view(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def parse_objects(objs: Iterable[object]) -> Iterator[ParsedObject]:
     """Each Kueue object read on its own (``List`` items one by one), in order.
 
-    Objects of other API groups give nothing; a document that cannot be read gives an
-    entry with no record and the reason.
+    Objects of other API groups give nothing (but core ``v1`` ResourceQuotas); a document
+    that cannot be read gives an entry with no record and the reason.
     """
     skipped: list[str] = []
     for obj in _flatten(objs, skipped):
@@ -151,6 +155,8 @@ def parse_object(obj: Mapping[str, Any]) -> ParsedObject:
             problems.extend(found)
         elif kind == "WorkloadPriorityClass":
             record = _parse_priority_class(obj, name)
+        elif kind == "ResourceQuota":
+            record = namespace_quota(obj)
         elif kind == "Cohort":
             problems.append(
                 f"Cohort {name}: Cohort objects are not read; quota they hold is not "
@@ -176,9 +182,9 @@ def _flatten(objs: Iterable[object], problems: list[str]) -> Iterator[Mapping[st
                 problems.append(f"skipped a {obj.get('kind')} without an items list")
             continue
         api_version = obj.get("apiVersion")
-        if not isinstance(api_version, str) or not api_version.startswith(KUEUE_GROUP + "/"):
-            continue
-        yield obj
+        kueue = isinstance(api_version, str) and api_version.startswith(KUEUE_GROUP + "/")
+        if kueue or (api_version == "v1" and obj.get("kind") == "ResourceQuota"):
+            yield obj
 
 
 def _is_map(value: object) -> TypeGuard[Mapping[str, Any]]:

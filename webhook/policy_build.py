@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from cluster import labels
 from webhook.kueue_objects import ParsedObject, parse_objects
+from webhook.namespace_quota import NamespaceQuota, QuotaLimit
 from webhook.queues import (
     DEFAULT_QUEUE_NAME,
     GPU_RESOURCES,
@@ -43,7 +44,8 @@ from webhook.queues import (
 def policy_from_objects(objs: Iterable[Mapping[str, Any]]) -> Policy:
     """Read Kueue objects into a ``Policy``; anything malformed is skipped and reported.
 
-    Objects of other API groups are ignored silently (a file may hold namespaces too).
+    Objects of other API groups are ignored silently (a file may hold namespaces too),
+    but for core ``v1`` ResourceQuotas.
     When two objects have the same kind and name, the later one wins.
     """
     return assemble_policy(parse_objects(objs))
@@ -61,6 +63,7 @@ def assemble_policy(parsed: Iterable[ParsedObject]) -> Policy:
     raw_lqs: dict[tuple[str, str], LocalQueue] = {}
     topologies: dict[str, Topology] = {}
     priorities: dict[str, PriorityClass] = {}
+    quotas: dict[tuple[str, str], NamespaceQuota] = {}
 
     for entry in parsed:
         problems.extend(entry.problems)
@@ -75,6 +78,8 @@ def assemble_policy(parsed: Iterable[ParsedObject]) -> Policy:
             _put(topologies, record.name, record, "Topology", problems)
         elif isinstance(record, PriorityClass):
             _put(priorities, record.name, record, "WorkloadPriorityClass", problems)
+        elif isinstance(record, NamespaceQuota):
+            _put(quotas, (record.namespace, record.name), record, "ResourceQuota", problems)
 
     local_queues = _resolve_local_queues(raw_lqs, raw_cqs, priorities, problems)
     _check_references(raw_cqs, flavors, topologies, priorities, problems)
@@ -89,6 +94,7 @@ def assemble_policy(parsed: Iterable[ParsedObject]) -> Policy:
         priority_classes=MappingProxyType(priorities),
         limits=MappingProxyType(limits),
         offers=MappingProxyType(_offers(raw_cqs, flavors, limits)),
+        namespace_quotas=MappingProxyType(_by_namespace(quotas.values())),
         problems=tuple(problems),
     )
 
@@ -159,6 +165,14 @@ def _check_references(
             problems.append(
                 f"ResourceFlavor {flavor.name}: Topology {flavor.topology_name} does not exist"
             )
+
+
+def _by_namespace(quotas: Iterable[NamespaceQuota]) -> dict[str, tuple[QuotaLimit, ...]]:
+    grouped: dict[str, list[QuotaLimit]] = {}
+    for quota in sorted(quotas, key=lambda q: (q.namespace, q.name)):
+        if quota.limits:
+            grouped.setdefault(quota.namespace, []).extend(quota.limits)
+    return {namespace: tuple(limits) for namespace, limits in grouped.items()}
 
 
 def _names_by_namespace(

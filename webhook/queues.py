@@ -29,10 +29,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from cluster import labels
 from cluster.model import Taint, level_short_name
+
+if TYPE_CHECKING:
+    from webhook.namespace_quota import QuotaLimit
 
 KUEUE_GROUP: Final = "kueue.x-k8s.io"
 GPU_RESOURCES: Final = (labels.GPU_RESOURCE, labels.GPU_MILLI_RESOURCE)
@@ -418,12 +421,20 @@ class Policy:
     """(ClusterQueue, flavor, resource) → the most the queue could ever get."""
     offers: Mapping[tuple[str, tuple[str, ...]], Steering] = field(default_factory=lambda: _EMPTY)
     """(ClusterQueue, GPU resources asked) → ``offer``, worked out for every queue once."""
+    namespace_quotas: Mapping[str, tuple[QuotaLimit, ...]] = field(default_factory=lambda: _EMPTY)
+    """Namespace → the GPU and pod limits of its ResourceQuotas (``spec.hard``; what is
+    used is not kept: it changes with every pod, and the rule asks only what could ever
+    fit). A quota change builds a new policy, so no answer kept under the old one is
+    given (``answers``)."""
     problems: tuple[str, ...] = ()
     answers: dict[tuple[object, ...], Any] = field(
         default_factory=dict, init=False, repr=False, compare=False, hash=False
     )
     """Answers given under this policy (``webhook.answers``), kept by that module; a new
     policy starts without any. Not part of equality or ``repr``."""
+
+    def quotas_in(self, namespace: str) -> tuple[QuotaLimit, ...]:
+        return self.namespace_quotas.get(namespace, ())
 
     def local_queue(self, namespace: str, name: str) -> LocalQueue | None:
         return self.local_queues.get((namespace, name))

@@ -1,5 +1,5 @@
-"""The webhook's queue policy and the Jobs and JobSets that exist, kept current: from
-watches or from a file.
+"""The webhook's queue policy (Kueue's objects and the namespaces' ResourceQuotas) and
+the Jobs and JobSets that exist, kept current: from watches or from a file.
 
 Layer: STATE (``PolicyStore`` and ``OwnerStore``, one writer each) and I/O
 (``watch_policy`` and ``watch_owners``, the informers that write into them, and
@@ -44,6 +44,10 @@ KUEUE_RESOURCES = (
     "localqueues",
     "workloadpriorityclasses",
 )
+CORE_RESOURCES: Final = ("resourcequotas",)
+"""Core ``v1`` resources the policy reads: a namespace's ResourceQuotas, which still
+apply after Kueue admits a job (``webhook.rules.namespace``)."""
+POLICY_RESOURCES: Final = (*KUEUE_RESOURCES, *CORE_RESOURCES)
 DEBOUNCE_S = 0.05
 """How long a change may wait for others before the policy is rebuilt: long enough to
 gather a relist or a ``kubectl apply`` of many queues, short against a human edit."""
@@ -85,7 +89,7 @@ class PolicyStore:
     def __init__(
         self,
         clock: Clock,
-        resources: Sequence[str] = KUEUE_RESOURCES,
+        resources: Sequence[str] = POLICY_RESOURCES,
         *,
         debounce_s: float = DEBOUNCE_S,
     ) -> None:
@@ -160,6 +164,7 @@ class PolicyStore:
             "ClusterQueue": "clusterqueues",
             "LocalQueue": "localqueues",
             "WorkloadPriorityClass": "workloadpriorityclasses",
+            "ResourceQuota": "resourcequotas",
         }
         for obj in objects:
             resource = plural.get(str(obj.get("kind")))
@@ -222,18 +227,21 @@ class PolicyStore:
 def policy_informers(
     store: PolicyStore, client: ListWatchClient, version: str = "v1beta2", **options: Any
 ) -> list[Informer]:
-    """One informer per Kueue resource, each writing into ``store``."""
+    """One informer per Kueue resource and per core resource the policy reads, each
+    writing into ``store``."""
 
-    def bind(resource: str) -> Informer:
+    def bind(resource: str, path: str) -> Informer:
         return Informer(
             client,
-            f"/apis/{KUEUE_GROUP}/{version}/{resource}",
+            path,
             on_replace=lambda items: store.replace(resource, items),
             on_event=lambda kind, obj: store.event(resource, kind, obj),
             **options,
         )
 
-    return [bind(resource) for resource in KUEUE_RESOURCES]
+    return [bind(r, f"/apis/{KUEUE_GROUP}/{version}/{r}") for r in KUEUE_RESOURCES] + [
+        bind(r, f"/api/v1/{r}") for r in CORE_RESOURCES
+    ]
 
 
 async def watch_policy(

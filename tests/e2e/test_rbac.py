@@ -153,6 +153,10 @@ NEITHER: Final = (
 WEBHOOK: Final = (
     # its queue policy: list + watch of Kueue's objects (webhook/source.py)
     *(can(verb, f"{kind}.{KUEUE}") for kind in KUEUE_POLICY for verb in ("list", "watch")),
+    # and the namespaces' ResourceQuotas (webhook/rules/namespace.py): read, never written
+    can("list", "resourcequotas"),
+    can("watch", "resourcequotas"),
+    cannot("update", "resourcequotas", NAMESPACE),
     # the owners it confirms (webhook/owners.py): a metadata watch, and one GET of an
     # owner the watch has not seen yet
     *(can(verb, kind) for kind in OWNERS for verb in ("list", "watch")),

@@ -429,6 +429,17 @@ def build_cases() -> dict[str, Review]:  # noqa: PLR0915 - one line per case
         "job-quota-max-gpus",
         job("job-quota-max-gpus", _in("team-cv", _queue("vision"), _parallel(4, "8"))),
     )
+    add(
+        "job-rquota-below-nominal",
+        job("job-rquota-below-nominal", _in("team-quota", _queue("team-quota-queue"))),
+    )
+    add(
+        "job-rquota-over",
+        job(
+            "job-rquota-over",
+            _in("team-quota", _queue("team-quota-queue"), _parallel(3, "8")),
+        ),
+    )
     add("job-gang-min", job("job-gang-min", _annotate(labels.GANG_MIN, "1")))
     add("job-gang-min-invalid", job("job-gang-min-invalid", _annotate(labels.GANG_MIN, "3")))
     add("job-gang-named", job("job-gang-named", _named))

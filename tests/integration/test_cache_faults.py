@@ -111,9 +111,10 @@ async def webhook_under(
 ) -> AsyncIterator[Under]:
     async with webhook_on(api, material, folder) as webhook:
         # The webhook's readiness reads no clock; this one only keeps the faults uniform.
-        # Its watches: the five Kueue resources and Jobs (the fake serves no JobSet API).
+        # Its watches: the five Kueue resources, ResourceQuotas and Jobs (the fake serves no
+        # JobSet API).
         clock = ManualClock(NOW)
-        yield Under("webhook", api, webhook.app, webhook.session, webhook.url, clock, watches=6)
+        yield Under("webhook", api, webhook.app, webhook.session, webhook.url, clock, watches=7)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -262,7 +263,8 @@ CACHES = [
           nodes_on_server, nodes_in_cache, "cluster cache not synced yet"),
     Cache("pods", "extender", (PODS_PATH,), seed_extender, change_pods,
           pods_on_server, pods_in_cache, "cluster cache not synced yet"),
-    Cache("Kueue policy", "webhook", tuple(path_of({"kind": k}) for k in owner_tests.KUEUE),
+    Cache("Kueue policy", "webhook",
+          (*(path_of({"kind": k}) for k in owner_tests.KUEUE), path_of({"kind": "ResourceQuota"})),
           seed_webhook, change_policy, policy_on_server, policy_in_cache,
           "queue policy not synced yet"),
     # Ready without it: an owner the watch has not seen is looked up with one GET.

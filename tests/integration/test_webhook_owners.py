@@ -29,6 +29,7 @@ from cluster.kube import METADATA_LIST_ACCEPT, METADATA_WATCH_ACCEPT, KubeClient
 from server.tls import CertReloader, client_context
 from tests.certfiles import Material, make_material
 from tests.fakeapi import FakeApiServer, write_kubeconfig
+from tests.integration.test_webhook_policy_watch import path_of
 from webhook.app import OWNERS, STORE, create_app
 from webhook.owners import JOB_CONTROLLER_USERNAMES, OwnerKey, OwnerKind
 from webhook.settings import WebhookSettings
@@ -306,7 +307,7 @@ async def test_the_webhook_skips_only_pods_of_jobs_that_exist_with_their_uid(
 ) -> None:
     async with FakeApiServer(token=TOKEN) as api:
         for obj in load_objects(POLICY):
-            api.put(f"/apis/kueue.x-k8s.io/v1beta2/{KUEUE[obj['kind']]}", obj)
+            api.put(path_of(obj), obj)
         listed = api.put(JOBS, job("finetune"))["metadata"]["uid"]
         async with webhook_on(api, material, tmp_path) as webhook:
             owners = webhook.app[OWNERS]
@@ -343,7 +344,7 @@ async def test_the_webhook_skips_only_pods_of_jobs_that_exist_with_their_uid(
 
 def serve_policy(api: FakeApiServer) -> None:
     for obj in load_objects(POLICY):
-        api.put(f"/apis/kueue.x-k8s.io/v1beta2/{KUEUE[obj['kind']]}", obj)
+        api.put(path_of(obj), obj)
 
 
 async def watched(webhook: Webhook, api: FakeApiServer) -> None:

@@ -33,6 +33,8 @@ PLURAL = {
 
 
 def path_of(obj: dict[str, Any]) -> str:
+    if obj["kind"] == "ResourceQuota":
+        return "/api/v1/resourcequotas"
     return f"/apis/kueue.x-k8s.io/v1beta2/{PLURAL[obj['kind']]}"
 
 
@@ -75,6 +77,7 @@ async def test_the_policy_appears_once_every_kueue_resource_is_listed(
     assert len(KUEUE_RESOURCES) == 5
     assert policy.local_queue("team-nlp", "team-nlp-queue") is not None
     assert policy.cluster_queue("research") is not None
+    assert [q.hard for q in policy.quotas_in("team-quota")] == [16, 50]
 
 
 async def test_a_new_local_queue_and_a_new_quota_are_seen_without_restart(
@@ -108,3 +111,16 @@ async def test_a_new_local_queue_and_a_new_quota_are_seen_without_restart(
         store, lambda p: p.limit("research", "h100-reserved", "nvidia.com/gpu").nominal == 40_000
     )
     assert policy.limit("research", "h100-reserved", "nvidia.com/gpu").total > 40_000
+
+
+async def test_a_namespace_quota_changed_is_seen_without_restart(
+    api: FakeApiServer, store: PolicyStore
+) -> None:
+    await eventually(store, lambda p: True)
+    quotas = "/api/v1/resourcequotas"
+    quota = api.objects(quotas)["team-quota/gpus"]
+    quota["spec"]["hard"]["requests.nvidia.com/gpu"] = "4"
+    api.put(quotas, quota)
+    await eventually(store, lambda p: p.quotas_in("team-quota")[0].hard == 4)
+    api.delete(quotas, "team-quota/gpus")
+    await eventually(store, lambda p: p.quotas_in("team-quota") == ())

@@ -367,7 +367,7 @@ def rules(role: dict[str, Any]) -> set[tuple[tuple[str, ...], ...]]:
     }
 
 
-def test_the_webhook_only_reads_kueue_queue_objects_and_the_owners_of_pods_and_jobs() -> None:
+def test_the_webhook_only_reads_kueue_queue_objects_quotas_and_the_owners_of_pods() -> None:
     assert rules(one("ClusterRole", "tessera-webhook")) == {
         (
             ("kueue.x-k8s.io",),
@@ -381,6 +381,7 @@ def test_the_webhook_only_reads_kueue_queue_objects_and_the_owners_of_pods_and_j
             ("get", "list", "watch"),
             (),
         ),
+        (("",), ("resourcequotas",), ("list", "watch"), ()),
         (("batch",), ("jobs",), ("get", "list", "watch"), ()),
         (("jobset.x-k8s.io",), ("jobsets",), ("get", "list", "watch"), ()),
     }

@@ -46,6 +46,9 @@ KUEUE_METRICS = frozenset(
         "kueue_admission_wait_time_seconds_bucket",
         "kueue_admission_wait_time_seconds_count",
         "kueue_pending_workloads",
+        # with Kueue's --metrics.enableClusterQueueResources, per flavor and resource
+        "kueue_cluster_queue_nominal_quota",
+        "kueue_cluster_queue_resource_usage",
     }
 )
 _KEYWORDS = frozenset(

@@ -1,4 +1,4 @@
-"""The nine admission rules, one table each (allowed and denied), the UPDATE checks, and
+"""The ten admission rules, one table each (allowed and denied), the UPDATE checks, and
 ``admit`` composing them: what a user sees in the mutated object or the denial message."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from webhook.kueue_objects import parse_objects, policy_view
 from webhook.owners import OwnerKey, OwnerKind
 from webhook.policy_build import policy_from_objects
 from webhook.queues import Policy
-from webhook.source import KUEUE_RESOURCES, OwnerStore, PolicyStore
+from webhook.source import POLICY_RESOURCES, OwnerStore, PolicyStore
 
 GPU = labels.GPU_RESOURCE
 POLICY = Path(__file__).resolve().parents[1] / "golden" / "webhook" / "policy.yaml"
@@ -32,6 +32,7 @@ PLURAL = {
     "ClusterQueue": "clusterqueues",
     "LocalQueue": "localqueues",
     "WorkloadPriorityClass": "workloadpriorityclasses",
+    "ResourceQuota": "resourcequotas",
 }
 
 
@@ -48,6 +49,16 @@ def cq(name: str = "cq", gpus: int = 8) -> dict[str, Any]:
 
 def flavor(name: str = "h100") -> dict[str, Any]:
     return flavor_obj(name, {labels.GFD_PRODUCT: "NVIDIA-H100-80GB-HBM3"})
+
+
+def rquota(gpus: str, used: str = "0", ns: str = "ns") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"namespace": ns, "name": "gpus"},
+        "spec": {"hard": {"requests.nvidia.com/gpu": gpus}},
+        "status": {"used": {"requests.nvidia.com/gpu": used}},
+    }
 
 
 def wpc(name: str = "batch", value: Any = 100) -> dict[str, Any]:
@@ -71,7 +82,7 @@ def with_status(obj: dict[str, Any], n: int) -> dict[str, Any]:
 def listed(*objs: dict[str, Any], debounce_s: float = 0.05) -> PolicyStore:
     """A store whose informers have listed ``objs``."""
     store = PolicyStore(ManualClock(), debounce_s=debounce_s)
-    for resource in KUEUE_RESOURCES:
+    for resource in POLICY_RESOURCES:
         store.replace(resource, [o for o in objs if PLURAL[o["kind"]] == resource])
     return store
 
@@ -87,14 +98,14 @@ def policy_of(store: PolicyStore) -> Policy:
 
 def test_no_policy_and_not_ready_until_every_resource_is_listed_then_one_build() -> None:
     store = PolicyStore(ManualClock())
-    for resource in KUEUE_RESOURCES[:-1]:
+    for resource in POLICY_RESOURCES[:-1]:
         store.replace(resource, [lq("q")] if resource == "localqueues" else [])
         assert not store.synced
         assert store.current() is None
     store.event("localqueues", "ADDED", lq("early"))
     assert store.current() is None
 
-    store.replace(KUEUE_RESOURCES[-1], [])
+    store.replace(POLICY_RESOURCES[-1], [])
     assert store.synced
     assert store.generation == 1
     assert policy_of(store).local_queue("ns", "early") is not None
@@ -123,10 +134,11 @@ def test_a_file_is_built_once_and_equals_reading_it_directly() -> None:
     ids=["status", "labels", "other-annotation", "bookkeeping"],
 )  # fmt: skip
 def test_updates_of_what_the_policy_does_not_read_build_nothing(update: Any) -> None:
-    store = listed(flavor(), cq(), lq("q"), wpc())
+    store = listed(flavor(), cq(), lq("q"), wpc(), rquota("4"))
     before = policy_of(store)
     for obj, resource in ((lq("q"), "localqueues"), (cq(), "clusterqueues"),
-                          (wpc(), "workloadpriorityclasses")):  # fmt: skip
+                          (wpc(), "workloadpriorityclasses"),
+                          (rquota("4", used="3"), "resourcequotas")):  # fmt: skip
         store.event(resource, "MODIFIED", update(obj))
     assert store.generation == 1
     assert store.current() is before
@@ -154,8 +166,10 @@ def test_a_relist_with_only_status_changes_builds_nothing() -> None:
         ("workloadpriorityclasses", wpc(value=200),
          lambda p: p.priority_classes["batch"].value == 200),
         ("localqueues", lq("new"), lambda p: p.local_queue("ns", "new") is not None),
+        ("resourcequotas", rquota("2"), lambda p: p.quotas_in("ns")[0].hard == 2),
     ],
-    ids=["quota", "queue-annotation", "queue-spec", "priority-value", "new-queue"],
+    ids=["quota", "queue-annotation", "queue-spec", "priority-value", "new-queue",
+         "namespace-quota"],
 )  # fmt: skip
 def test_a_change_the_policy_reads_is_built_by_the_writer(
     resource: str, obj: dict[str, Any], seen: Any

@@ -1,4 +1,4 @@
-"""The nine admission rules, one module per concern; ``webhook.admit`` composes them.
+"""The ten admission rules, one module per concern; ``webhook.admit`` composes them.
 
 Layer: PURE. Plain functions from (workload, policy, config) to a decision: no async, no
 I/O, no clock, no settings object, no aiohttp, no pydantic. ``admit`` never raises for
@@ -26,6 +26,9 @@ ownerReference, from that controller's username, to an owner that exists with th
    taints, on the pod templates that use GPUs. Never ``nodeSelector``: Kueue writes that
    at admission.
 5. ``rule_quota``: the GPUs asked for against the most the queue could ever get.
+5b. ``rule_namespace_quota``: the whole GPUs and pods asked for against the
+   namespace's ResourceQuotas, which still apply after Kueue admits (a denial when one
+   could never hold them); a warning when a quota is below the queue's nominal GPUs.
 6. ``rule_gang``: gang id, size and minimum on every pod template of a multi-pod
    workload; a gang-min below the size must fit the quota on its own (all pods
    together are rule 5's).
@@ -70,6 +73,7 @@ Decisions a reader might otherwise have to guess:
 
 Modules: ``outcome`` (the settings the rules read and the decisions they make),
 ``queue`` (rules 1, 2, 3, 8, 9: queue, suspend, priority, time limit, scheduler),
-``placement`` (rules 4 and 7: flavors, node affinity, tolerations, topology) and ``gang``
-(rules 5 and 6: quota, gang metadata, and the gang id written last).
+``placement`` (rules 4 and 7: flavors, node affinity, tolerations, topology), ``gang``
+(rules 5 and 6: quota, gang metadata, and the gang id written last) and ``namespace``
+(rule 5b: ResourceQuotas).
 """

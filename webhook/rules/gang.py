@@ -71,7 +71,7 @@ def _amount(resource: str, units: int) -> str:
     return f"{units} milli-GPUs"
 
 
-def _breakdown(ask: GpuAsk) -> str:
+def breakdown(ask: GpuAsk) -> str:
     text = " + ".join(
         f"{echo(name, quote=False) + ': ' if name else ''}{plural(count, 'pod')} × {each}"  # noqa: RUF001
         for name, count, each in ask.parts
@@ -146,7 +146,7 @@ def rule_quota(
             FORBIDDEN,
             "quota",
             f"{workload.kind_word} {workload.display_name} asks for "
-            f"{_amount(ask.resource, ask.total)} ({_breakdown(ask)}); "
+            f"{_amount(ask.resource, ask.total)} ({breakdown(ask)}); "
             f"{_can_get(queue, ask, flavor, limit)}; ask for fewer GPUs or use a queue with "
             "more quota",
             queue=queue.local.name,
@@ -157,7 +157,7 @@ def rule_quota(
             a.total * (MILLI_PER_GPU if a.resource == labels.GPU_RESOURCE else 1) for a in asks
         )
         if milli > limit_gpus * MILLI_PER_GPU:
-            asked = "; ".join(f"{_amount(a.resource, a.total)} ({_breakdown(a)})" for a in asks)
+            asked = "; ".join(f"{_amount(a.resource, a.total)} ({breakdown(a)})" for a in asks)
             return Denied(
                 FORBIDDEN,
                 "quota",

@@ -1,0 +1,99 @@
+"""``tessera capacity --prometheus URL --range 7d``: the capacity report over a time range.
+
+Layer: I/O (it awaits Prometheus through ``console.prometheus``). Takes the range's end
+from the injected clock, lets the PURE ``console.capacity_range`` sum the series up and
+renders the report. Must not judge anything itself, nor read the environment.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from cluster.clock import Clock
+from console import render
+from console.capacity_range import QUERIES, RangeReport, range_report
+from console.output import ConsoleError, Output, json_text
+from console.prometheus import query_ranges
+
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+HOURLY_FROM_S: Final = 86400
+"""A range of a day or more is read hour by hour; a shorter one in about 60 steps."""
+
+
+def range_seconds(text: str) -> float:
+    """``7d``, ``36h``, ``90m``, ``2w`` as seconds; ``ConsoleError`` for anything else."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw])\s*", text)
+    if match is None or float(match[1]) <= 0:
+        raise ConsoleError(f"--range {text!r}: use a number and s, m, h, d or w (7d, 36h)")
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def step_for(range_s: float) -> float:
+    return 3600.0 if range_s >= HOURLY_FROM_S else max(60.0, float(round(range_s / 60)))
+
+
+async def capacity_over_range(
+    url: str, range_text: str, clock: Clock, *, output: str = "table"
+) -> Output:
+    span = range_seconds(range_text)
+    step = step_for(span)
+    end = float(int(clock.now().timestamp() // step * step))  # on a step, as Prometheus' rate is
+    start = end - span
+    queries = {name: q.replace("{step}", f"{int(step)}s") for name, q in QUERIES.items()}
+    data = await query_ranges(url, queries, start=start, end=end, step_s=step)
+    report = range_report(data, start=start, end=end, step_s=step)
+    if output == "json":
+        return Output(json_text(report.to_json()))
+    return Output(range_text_of(report, range_text))
+
+
+def range_text_of(report: RangeReport, range_text: str) -> str:
+    parts = [
+        f"over the last {range_text.strip()} (step {render.duration(report.step_s)})\n\n",
+        render.table(
+            (
+                "CLUSTERQUEUE",
+                "COHORT",
+                "NOMINAL",
+                "WAIT-P90",
+                "ADMITTED",
+                "PENDING",
+                "BORROWED",
+                "BORROWED-MAX",
+                "LENT",
+            ),
+            [
+                (
+                    q.name,
+                    q.cohort,
+                    round(q.nominal),
+                    render.duration(q.wait_p90_s) if q.wait_p90_s is not None else None,
+                    q.admitted,
+                    round(q.pending_mean, 1),
+                    round(q.borrowed_mean, 1),
+                    round(q.borrowed_max, 1),
+                    round(q.lent_mean, 1),
+                )
+                for q in report.queues
+            ],
+        ),
+    ]
+    if report.utilisation is not None:
+        parts.append(
+            f"\nallocated GPUs: {report.allocated_mean or 0:.1f} on average, busy "
+            f"{100 * report.utilisation:.0f} % of the time (DCGM_FI_DEV_GPU_UTIL)\n"
+        )
+    if report.fragmentation:
+        parts.append(
+            "\n"
+            + render.table(
+                ("PRODUCT", "FREE-GPUS-STRANDED"),
+                [(p, f"{100 * v:.0f} %") for p, v in sorted(report.fragmentation.items())],
+            )
+        )
+    if report.recommendations:
+        parts.append("\n" + "".join(f"* {r}\n" for r in report.recommendations))
+    else:
+        parts.append("\nno queue waited long, and allocation and fragmentation look sound\n")
+    return "".join(parts)
