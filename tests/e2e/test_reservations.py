@@ -7,8 +7,8 @@ The rack (pool ``reserve``: two 8-GPU nodes) runs two 4-GPU jobs whose time limi
 4 x 4-GPU gang needing one rack cannot start: kube-scheduler's ``/filter`` of a member
 finds no fit, the extender plans and holds the rack for the gang from when those limits
 end, recorded as a Lease (``tessera nodes`` shows it). A job whose limit ends after that
-is refused there (``tessera why`` says so); one whose limit ends before it backfills. When the short jobs end, the
-gang lands on the rack and its reservation is released.
+is refused there (``tessera why`` says so); one whose limit ends before it backfills.
+When the short jobs end, the gang lands on the rack and its reservation is released.
 
 Nothing here places, admits or refuses anything: Kueue admits, kube-scheduler calls the
 extender. The scenario plays only the kubelet: it ends the short jobs' pods
