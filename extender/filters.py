@@ -36,12 +36,12 @@ from types import MappingProxyType
 from typing import Any, Final, TypeAlias
 
 from cluster.labels import GPU_RESOURCE
-from cluster.model import NodeState, product_matches
+from cluster.model import NodeState, Promise, product_matches
 from extender.config import TopologyLevel
 from extender.context import FIT, GangView, PodContext, Unfit, Verdict
 from extender.gpus import islands, one_island, pod_fits
 from extender.memo import MISSING, FactsKey, gpu_state
-from extender.promises import Promise, backfill_verdict, promise_verdict
+from extender.promises import backfill_verdict, promise_verdict
 from extender.selection import selection_refusal
 
 Filter: TypeAlias = Callable[[PodContext, NodeState], Verdict]

@@ -31,10 +31,10 @@ from cluster.model import (
     NodeName,
     NodeState,
     PodDemand,
+    Promise,
     product_matches,
 )
 from extender.gpus import gpus_fit, pod_fits
-from extender.promises import Promise
 from extender.selection import selection_refusal
 
 ANYWHERE: Final = ""

@@ -21,19 +21,6 @@ from datetime import UTC, datetime, timedelta
 from cluster.model import GangId, Promise
 from extender.context import FIT, Unfit, Verdict
 
-# Promise lives with the cluster's records (the cache holds the reservations' promises
-# for the snapshots); the rule and its words live here.
-__all__ = [
-    "Promise",
-    "backfill_verdict",
-    "clock",
-    "duration",
-    "ends_in_time",
-    "latest_start",
-    "promise_verdict",
-    "rfc3339",
-]
-
 
 def ends_in_time(ends: datetime | None, start: datetime | None) -> bool:
     """The one rule of maintenance windows and reservations: whether a pod whose time

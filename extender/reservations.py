@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from cluster.model import GangId, NodeName, NodeState, PodDemand, PodKey, TopologyMode
+from cluster.model import GangId, NodeName, NodeState, PodDemand, PodKey, Promise, TopologyMode
 from cluster.snapshot import Snapshot
 from extender.config import ExtenderConfig
 from extender.gpus import fragmentation
 from extender.outlooks import ANYWHERE, Holding, Outlook, OutlookMemo
-from extender.promises import Promise, latest_start
+from extender.promises import latest_start
 
 _FOREVER: Final = datetime.max.replace(tzinfo=UTC)
 

@@ -29,10 +29,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from cluster.model import GangId, PodDemand
+from cluster.model import GangId, PodDemand, Promise
 from extender.config import HOSTNAME_LEVEL, ExtenderConfig, TopologyLevel
 from extender.outlooks import OutlookMemo
-from extender.promises import Promise, ends_in_time
+from extender.promises import ends_in_time
 from extender.reservations import (
     GangDemand,
     PlanInput,

@@ -25,6 +25,7 @@ from cluster.model import (
     NodeState,
     PodDemand,
     PodInfo,
+    Promise,
     TopologyConstraint,
     TopologyMode,
 )
@@ -33,7 +34,6 @@ from extender.config import ExtenderConfig
 from extender.context import FIT, Unfit
 from extender.outlooks import ANYWHERE, Holding, Outlook, node_outlook
 from extender.promises import (
-    Promise,
     backfill_verdict,
     ends_in_time,
     latest_start,
