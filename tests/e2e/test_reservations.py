@@ -9,6 +9,8 @@ finds no fit, the extender plans and holds the rack for the gang from when those
 end, recorded as a Lease (``tessera nodes`` shows it). A job whose limit ends after that
 is refused there (``tessera why`` says so); one whose limit ends before it backfills.
 When the short jobs end, the gang lands on the rack and its reservation is released.
+The contrast first, with the extender restarted with ``--max-reservations 0``: the gang
+waits and a job that ends an hour later takes the rack.
 
 Nothing here places, admits or refuses anything: Kueue admits, kube-scheduler calls the
 extender. The scenario plays only the kubelet: it ends the short jobs' pods
@@ -74,6 +76,40 @@ def backfilled_pods(e2e: E2ECluster) -> float:
         if line.startswith("tessera_extender_backfilled_pods_total "):
             return float(line.split()[1])
     return 0.0
+
+
+def test_without_reservations_a_long_job_takes_the_rack_the_gang_waits_for(
+    scheduling: E2ECluster,
+) -> None:
+    """Today's behaviour, the contrast: with ``--max-reservations 0`` the gang waits and
+    a job that ends long after the rack would free lands on it, pushing the gang back."""
+    e2e = scheduling
+    extender = e2e.extender
+    assert extender is not None
+    shipped = list(extender.args)
+    extender.stop()
+    extender.args = [*shipped, "--max-reservations", "0"]
+    try:
+        extender.start()
+        for job in ("nores-short-1", "nores-short-2"):
+            e2e.create_stored(gpu_job(job, gpus=4, pool=RESERVE_POOL, time_limit=SHORT_S))
+        for job in ("nores-short-1", "nores-short-2"):
+            e2e.wait_bound(job, 1)
+        e2e.create_stored(gpu_job("nores-gang", pods=4, gpus=4, pool=RESERVE_POOL,
+                                  annotations=RACK))  # fmt: skip
+        e2e.wait_admitted("nores-gang")
+        e2e.wait_scheduling_failure("nores-gang")
+        e2e.create_stored(gpu_job("nores-late", gpus=4, pool=RESERVE_POOL,
+                                  time_limit=TOO_LONG_S))  # fmt: skip
+        [late] = e2e.wait_bound("nores-late", 1)
+        assert late.node in RESERVE_NODES
+        assert all(not p.node for p in e2e.placements("nores-gang"))
+        assert e2e.api.items(LEASES, labelSelector=f"{labels.RESERVATION}=true") == []
+    finally:
+        e2e.delete_jobs()
+        extender.stop()
+        extender.args = shipped
+        extender.start()
 
 
 def test_a_reserved_rack_backfills_short_jobs_and_the_gang_lands_when_it_frees(
