@@ -28,12 +28,14 @@ import pytest
 
 from cluster import jsonio, labels
 from cluster.clock import SystemClock
+from cluster.convert.grammar import parse_rfc3339
 from console.__main__ import build_parser, run
 from extender.holds import Hold, hold_of
 from loadtest.stack.cluster import E2ECluster
 from loadtest.stack.fleet import RESERVE_POOL
 from loadtest.stack.jobs import NAMESPACE, gpu_job
-from loadtest.stack.placements import gpu_conflicts
+from loadtest.stack.kueue import WAIT_FOR_PODS_READY_S
+from loadtest.stack.placements import gpu_conflicts, true_condition
 from tests.e2e.test_console_why import reasons_by_category, why_in_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -52,10 +54,10 @@ GANG_ID: Final = f"{NAMESPACE}.{GANG}"
 RESERVE_NODES: Final = ("reserve-1", "reserve-2")
 
 
-def held(e2e: E2ECluster) -> Hold | None:
+def held(e2e: E2ECluster, gang: str = GANG_ID) -> Hold | None:
     """The gang's reservation as its Lease records it, once there is one."""
     for lease in e2e.api.items(LEASES, labelSelector=f"{labels.RESERVATION}=true"):
-        if lease["spec"].get("holderIdentity") == GANG_ID:
+        if lease["spec"].get("holderIdentity") == gang:
             return hold_of(lease)
     return None
 
@@ -192,3 +194,57 @@ def test_a_reserved_rack_backfills_short_jobs_and_the_gang_lands_when_it_frees(
     )
     # the job that ends too late never started there
     assert all(not p.node for p in e2e.placements("res-late"))
+
+
+def test_a_gang_requeued_by_kueue_keeps_its_reservation_while_its_pods_are_gone(
+    scheduling: E2ECluster,
+) -> None:
+    """Kueue's ``waitForPodsReady`` evicts a gang whose pods are not ready in time and
+    requeues it: its pods are deleted (the extender cannot tell that from a deletion) and
+    made again when Kueue admits it after its backoff. The reservation stays through it
+    (``--requeue-grace``, 180 s) with the gang's place in the order (the Lease's
+    ``since``), and the rack still refuses a job that ends too late. Runs last in this
+    file: the Lease outlives the test by the grace."""
+    e2e = scheduling
+    for job in ("rq-short-1", "rq-short-2"):
+        e2e.create_stored(gpu_job(job, gpus=4, pool=RESERVE_POOL, time_limit=SHORT_S))
+    for job in ("rq-short-1", "rq-short-2"):
+        e2e.wait_bound(job, 1)
+    gang, gang_id = "rq-gang", f"{NAMESPACE}.rq-gang"
+    e2e.create_stored(gpu_job(gang, pods=4, gpus=4, pool=RESERVE_POOL, annotations=RACK))
+    e2e.wait_admitted(gang)
+    first = e2e.api.wait(
+        f"the extender to record a reservation for gang {gang_id}",
+        lambda: held(e2e, gang_id),
+        timeout=30,
+        describe=lambda: e2e.describe_pods(gang),
+    )
+
+    evicted = e2e.api.wait(
+        "Kueue to evict the gang whose pods never became ready",
+        lambda: true_condition(e2e.workload(gang), "Evicted"),
+        timeout=WAIT_FOR_PODS_READY_S + 60,
+        describe=lambda: e2e.describe_pods(gang),
+    )
+    assert evicted["reason"] == "PodsReadyTimeout", evicted
+    evicted_at = parse_rfc3339(evicted["lastTransitionTime"])
+
+    def recreated() -> bool | None:
+        pods = e2e.pods(gang)
+        made = [parse_rfc3339(p["metadata"]["creationTimestamp"]) for p in pods]
+        return True if made and min(made) >= evicted_at else None
+
+    # Kueue deletes the pods and, after its backoff, admits the gang again: new pods
+    e2e.api.wait(f"Kueue to admit {gang} again, with new pods", recreated,
+                 timeout=60, describe=lambda: e2e.describe_pods(gang))  # fmt: skip
+
+    # the rack is still held for it, from when it first waited: a hold dropped while
+    # its pods were gone and made again would date from the new pods
+    e2e.create_stored(gpu_job("rq-late", gpus=4, pool=RESERVE_POOL, time_limit=TOO_LONG_S))
+    refused = e2e.wait_scheduling_failure("rq-late")
+    assert f"is reserved for gang {gang_id}" in refused, refused
+    kept = held(e2e, gang_id)
+    assert kept is not None, "the reservation was released while its gang was requeued"
+    assert kept.reservation.nodes == first.reservation.nodes
+    assert kept.since == first.since
+    assert all(not p.node for p in e2e.placements("rq-late"))
