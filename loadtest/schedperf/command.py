@@ -160,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs.append(record)
                 f = run_figures(record)
                 print(
-                    f"  bound {f['bound']}/{len(pods)}, {f['pods_per_s']} pods/s, p50 "
+                    f"  bound {f['bound']}/{len(pods)}, {f['pods_per_s']} pods/s (created "
+                    f"{f['created_per_s']}/s), p50 "
                     f"{f['p50_ms']} ms, p99 {f['p99_ms']} ms, CPU ms/pod {f['cpu_ms_per_pod']}",
                     flush=True,
                 )
