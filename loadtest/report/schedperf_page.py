@@ -29,6 +29,7 @@ def _cell(value: Any) -> str:
 def _figures_table(data: Mapping[str, Any]) -> str:
     head = (
         "<tr><th>profile</th><th>pods/s</th><th>p50 ms</th><th>p99 ms</th>"
+        "<th>gang members: p99 ms</th><th>gang members unbound</th>"
         + "".join(f"<th>CPU ms/pod {c}</th>" for c in COMPONENTS)
         + "<th>unschedulable by size</th><th>stranded free GPUs</th><th>free GPUs</th>"
         "<th>GPUs given twice</th><th>gangs split over racks</th></tr>"
@@ -43,6 +44,8 @@ def _figures_table(data: Mapping[str, Any]) -> str:
             f.get("pods_per_s"),
             f.get("p50_ms"),
             f.get("p99_ms"),
+            f.get("gang_p99_ms"),
+            f.get("gang_members_unbound"),
             *(f.get("cpu_ms_per_pod", {}).get(c) for c in COMPONENTS),
             place.get("unschedulable_by_size"),
             place.get("stranded_free_gpus"),

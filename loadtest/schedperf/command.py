@@ -98,7 +98,9 @@ def table(data: dict[str, Any]) -> list[str]:
         unbound = figures["placement"].get("unschedulable_by_size", {})
         lines.append(
             f"{profile:<16} {_cell(figures['pods_per_s']):>7} {_cell(figures['p50_ms']):>8} "
-            f"{_cell(figures['p99_ms']):>8}   {cpu}   unbound {unbound or 0} "
+            f"{_cell(figures['p99_ms']):>8}   {cpu}   unbound {unbound or 0} (gang members "
+            f"{_cell(figures.get('gang_members_unbound'))}, their p99 "
+            f"{_cell(figures.get('gang_p99_ms'))} ms) "
             f"stranded GPUs {_cell(stranded)}"
         )
     ratio = data["ratio"]

@@ -32,7 +32,7 @@ from typing import Any, Final
 from cluster import labels
 from loadtest.measure.stats import percentile
 from loadtest.schedperf.profiles import IN_TREE, IN_TREE_DEFAULT, PROFILES, TESSERA
-from loadtest.schedperf.workload import PodShape
+from loadtest.schedperf.workload import PodShape, is_gang_member
 from loadtest.stack.fleet import FakeNode
 from loadtest.stack.placements import Placement, gpu_conflicts
 
@@ -88,6 +88,7 @@ def bound_per_second(bound_at: Sequence[float]) -> list[int]:
 def run_figures(run: RunRecord) -> Obj:
     """One run's figures, as the JSON's ``runs`` hold them."""
     lat = latencies_ms(run.created, run.bound)
+    gang = latencies_ms({n: t for n, t in run.created.items() if is_gang_member(n)}, run.bound)
     count = len(run.bound)
     return {
         "profile": run.profile,
@@ -100,6 +101,10 @@ def run_figures(run: RunRecord) -> Obj:
         "p50_ms": round(percentile(lat, 50), 1) if lat else None,
         "p99_ms": round(percentile(lat, 99), 1) if lat else None,
         "max_ms": round(lat[-1], 1) if lat else None,
+        "gang_p99_ms": round(percentile(gang, 99), 1) if gang else None,
+        "gang_members_unbound": sum(
+            1 for name in run.created if is_gang_member(name) and name not in run.bound
+        ),
         "cpu_ms_per_pod": {
             c: round(1000 * run.cpu_s[c] / count, 3) if count and c in run.cpu_s else None
             for c in COMPONENTS
@@ -136,7 +141,16 @@ def profile_summary(runs: Sequence[Obj]) -> Obj:
         [
             {
                 k: r[k]
-                for k in ("pods_per_s", "created_per_s", "p50_ms", "p99_ms", "bound", "unbound")
+                for k in (
+                    "pods_per_s",
+                    "created_per_s",
+                    "p50_ms",
+                    "p99_ms",
+                    "gang_p99_ms",
+                    "gang_members_unbound",
+                    "bound",
+                    "unbound",
+                )
             }
             | {"cpu_ms_per_pod": r["cpu_ms_per_pod"], "placement": r["placement"]}
             for r in runs

@@ -43,6 +43,14 @@ GANG_TOPOLOGY: Final = "required:rack"
 LEVELS: Final = "block=example.com/block,rack=example.com/rack,hostname=kubernetes.io/hostname"
 
 
+GANG_PREFIX: Final = "gang-"
+
+
+def is_gang_member(name: str) -> bool:
+    """Whether the pod named ``name`` is a gang member (their names start ``gang-``)."""
+    return name.startswith(GANG_PREFIX)
+
+
 def hgx_nodes(count: int) -> list[FakeNode]:
     """``count`` HGX nodes, racked four to a rack, four racks to a block."""
     return [
@@ -102,7 +110,7 @@ def shapes(
         size = min(rng.choice(GANG_SIZES), left)
         if left - size == 1:  # no gang of one: one more member here, or one fewer
             size = size + 1 if size < GANG_SIZES[-1] else size - 1
-        gang = f"gang-{gangs:04d}"
+        gang = f"{GANG_PREFIX}{gangs:04d}"
         gangs += 1
         cpu, memory = CPU_MILLI_PER_GPU * GPUS_PER_NODE // 2, MEMORY_MIB_PER_GPU * 4
         out += [

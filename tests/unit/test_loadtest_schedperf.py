@@ -20,7 +20,7 @@ from loadtest.schedperf.results import (
     report,
     steady_throughput,
 )
-from loadtest.schedperf.workload import hgx_nodes, pod_manifest, shapes
+from loadtest.schedperf.workload import hgx_nodes, is_gang_member, pod_manifest, shapes
 from tests.unit.test_manifests import scheduler_config as shipped_config
 
 URL = "http://127.0.0.1:9999"
@@ -95,6 +95,7 @@ def test_pods_are_the_traces_gpu_shapes_with_whole_gangs_and_capped_cpu() -> Non
             gangs.setdefault(s.gang, []).append(position)
             assert s.gpus == 8
     assert sum(len(p) for p in gangs.values()) == 20
+    assert all(is_gang_member(drawn[i].name) for p in gangs.values() for i in p)
     for members in gangs.values():
         assert 2 <= len(members) <= 4
         assert members == list(range(members[0], members[0] + len(members)))  # one after another
@@ -171,6 +172,7 @@ def test_the_json_has_each_profile_the_ratios_within_repeats_and_every_run() -> 
         assert figures["cpu_ms_per_pod"]["scheduler"] == 2.0  # 0.2 s over 100 pods
         assert figures["runs"] == 2
     assert data["in_tree"]["cpu_ms_per_pod"]["extender"] is None
+    assert data["in_tree"]["gang_p99_ms"] is None  # no gang among these pods
     assert data["tessera"]["cpu_ms_per_pod"]["extender"] == 2.0  # median of 1 and 3 ms
     # both repeats: tessera binds at half the rate of in_tree -> 0.5, whatever the pace
     assert data["ratio"]["throughput"] == pytest.approx(0.5)
