@@ -6,7 +6,8 @@ in its short form, so that CI can run ``make demo`` quickly), and hands each mod
 what runs it; the flags are ``loadtest.cli``'s. Subcommands: ``demo`` (``make demo``),
 ``latency``, ``soak`` (``loadtest.demo``), ``placement`` (the FGD method,
 ``loadtest.placement``), ``reservations`` (gangs with and without reservations,
-``loadtest.reservations``), ``selfcheck`` (the cluster-model check without servers), and
+``loadtest.reservations``), ``sched-perf`` (the real kube-scheduler with and without
+the extender, ``loadtest.schedperf``), ``selfcheck`` (the cluster-model check without servers), and
 ``bench-webhook`` / ``bench-extender`` / ``overload``, which hand their arguments to
 ``loadtest.bench.webhook.main`` (``loadtest.bench.against_kueue.main`` with
 ``--against``) / ``loadtest.bench.extender.main`` / ``loadtest.bench.overload.main``
@@ -121,6 +122,8 @@ def _passthrough(argv: list[str]) -> int | None:
 
         rest = argv[argv.index("reservations") + 1 :]
         return study.main(["--data", argv[1], *rest] if argv[0] == "--data" else rest)
+    if argv[:1] == ["sched-perf"]:
+        return _sched_perf(argv[1:])
     if argv[:1] in (["bench-webhook"], ["bench-extender"], ["overload"]):
         # The benchmarks keep their own flags; this is only a way in.
         if argv[0] == "bench-webhook" and any(a.startswith("--against") for a in argv):
@@ -133,6 +136,35 @@ def _passthrough(argv: list[str]) -> int | None:
             from loadtest.bench.overload import main as bench  # noqa: PLC0415 - heavy
         return bench(argv[1:])
     return None
+
+
+def _sched_perf(argv: list[str]) -> int:
+    """The real kube-scheduler with and without the extender; its page beside the JSON."""
+    from loadtest.report.schedperf_page import schedperf_page  # noqa: PLC0415 - only here
+    from loadtest.schedperf import command  # noqa: PLC0415 - heavy, only for this mode
+
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        code = command.main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if code != 0 or any(a in ("-h", "--help") for a in argv):
+        return code
+    json_path = command.DEFAULT_JSON
+    if "--json" in argv:
+        json_path = Path(argv[argv.index("--json") + 1])
+    try:
+        page = schedperf_page(
+            jsonio.loads(json_path.read_bytes()),
+            "Tessera: kube-scheduler with and without the extender (sched-perf)",
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"no sched-perf HTML: {json_path}: {exc}", file=sys.stderr)
+        return code
+    html_path = json_path.with_suffix(".html")
+    html_path.write_text(page, encoding="utf-8")
+    print(f"report: {html_path}")
+    return code
 
 
 def _placement(argv: list[str]) -> int:

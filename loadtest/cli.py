@@ -35,6 +35,8 @@ examples:
       --kubeconfig test-cluster.kubeconfig --namespace tessera-loadtest
   python -m loadtest placement --quick          # FGD-style placement quality on openb
   python -m loadtest reservations --json resv.json   # gangs with and without reservations
+  python -m loadtest sched-perf --nodes 1000 --pods 2000 --repeats 3   # the real \
+kube-scheduler with and without the extender (loadtest.schedperf)
   python -m loadtest selfcheck                  # the cluster model alone, no servers
   python -m loadtest bench-webhook --help       # the webhook benchmark (loadtest.bench.webhook)
   python -m loadtest bench-webhook --against kueue   # side by side with Kueue's webhook

@@ -265,6 +265,14 @@ class ControlPlane:
     def workdir(self) -> Path:
         return self._workdir
 
+    def pid(self, name: str) -> int | None:
+        """The process id of component ``name`` (``etcd``, ``kube-apiserver``...) while it
+        runs, for a benchmark that reads its CPU from ``/proc``; None when not running."""
+        for component in self._components:
+            if component.name == name and component.process.poll() is None:
+                return component.process.pid
+        return None
+
     def start(self) -> None:
         self._workdir.mkdir(parents=True, exist_ok=True)
         (self._workdir / "logs").mkdir(exist_ok=True)

@@ -1,0 +1,175 @@
+"""``python -m loadtest sched-perf``: flags, the runs in alternating order, the table.
+
+Layer: ROOT of the mode (argv in; prints, writes the JSON; ``loadtest.__main__`` writes
+the HTML page next to it). Must not measure or decide anything itself: ``run`` measures,
+``results`` computes the figures.
+
+    python -m loadtest sched-perf --nodes 1000 --pods 2000 --rate 0 --repeats 3 \\
+        --json reports/sched-perf.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from cluster import jsonio
+from cluster.clock import SystemClock
+from loadtest.inputs.traces import (
+    DEFAULT_DATA_DIR,
+    OPENB_POD_VARIANTS,
+    TraceMissing,
+    read_openb_pods,
+)
+from loadtest.schedperf import profiles
+from loadtest.schedperf.results import COMPONENTS, RunRecord, report, run_figures
+from loadtest.schedperf.run import Setup, run_profile
+from loadtest.schedperf.workload import hgx_nodes, shapes
+
+DEFAULT_JSON: Final = Path("reports") / "sched-perf.json"
+MISSING_BINARIES: Final = (
+    "python -m loadtest sched-perf: the control plane's binaries (Kubernetes v1.36.3 and "
+    "etcd) are missing and could not be built. Get them with `make e2e-assets` (needs "
+    "Go >= 1.26; cached in ~/.cache/tessera), or set KUBEBUILDER_ASSETS to a folder "
+    "holding etcd, kube-apiserver, kube-scheduler, kube-controller-manager and kubectl."
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest sched-perf",
+        description=(
+            "The real kube-scheduler v1.36 on a loopback control plane (no kubelets), the "
+            "same GPU pods scheduled three ways on fresh identical clusters: in-tree with "
+            "MostAllocated on GPUs (in_tree), in-tree default (in_tree_default) and the "
+            "shipped tessera-gpu profile with the extender (tessera). Reports creation -> "
+            "bound latency, throughput, CPU per pod of each process and placement."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--nodes", type=int, default=1000, help="HGX nodes (8 GPUs each)")
+    parser.add_argument("--pods", type=int, default=2000, help="pods to create")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="pods created a second (0: all at once)"
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each profile")
+    parser.add_argument(
+        "--json", type=Path, default=DEFAULT_JSON, help="the results (and the HTML beside)"
+    )
+    parser.add_argument(
+        "--profiles",
+        default=",".join(profiles.PROFILES),
+        help="which profiles, comma-separated",
+    )
+    parser.add_argument(
+        "--trace", default="default", choices=OPENB_POD_VARIANTS, help="openb pod list"
+    )
+    parser.add_argument(
+        "--gang-share", type=float, default=0.05, help="share of pods in 8-GPU rack gangs"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--idle", type=float, default=30.0, help="end a run after this long with no bind, s"
+    )
+    parser.add_argument("--timeout", type=float, default=1800.0, help="longest run, s")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="the traces")
+    parser.add_argument("--workdir", type=Path, default=None, help="logs (default: temporary)")
+    return parser
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def table(data: dict[str, Any]) -> list[str]:
+    """The summary printed at the end, one row per profile."""
+    head = "profile           pods/s   p50 ms   p99 ms   CPU ms/pod " + " / ".join(COMPONENTS)
+    lines = [head]
+    for profile in profiles.PROFILES:
+        figures = data.get(profile)
+        if not figures:
+            continue
+        cpu = " / ".join(_cell(figures["cpu_ms_per_pod"].get(c)) for c in COMPONENTS)
+        stranded = figures["placement"].get("stranded_free_gpus")
+        unbound = figures["placement"].get("unschedulable_by_size", {})
+        lines.append(
+            f"{profile:<16} {_cell(figures['pods_per_s']):>7} {_cell(figures['p50_ms']):>8} "
+            f"{_cell(figures['p99_ms']):>8}   {cpu}   unbound {unbound or 0} (gang members "
+            f"{_cell(figures.get('gang_members_unbound'))}, their p99 "
+            f"{_cell(figures.get('gang_p99_ms'))} ms) "
+            f"stranded GPUs {_cell(stranded)}"
+        )
+    ratio = data["ratio"]
+    lines.append(
+        f"tessera/in_tree: throughput {_cell(ratio['throughput'])}, p99 {_cell(ratio['p99'])}"
+        f" (median of {len(ratio['per_repeat'])} repeat(s)); extender CPU / scheduler CPU "
+        f"{_cell(data['extender_cpu_over_scheduler'])}"
+    )
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    chosen = [p.strip() for p in args.profiles.split(",") if p.strip()]
+    unknown = set(chosen) - set(profiles.PROFILES)
+    if unknown or not chosen:
+        print(f"--profiles: one or more of {', '.join(profiles.PROFILES)}", file=sys.stderr)
+        return 2
+    from loadtest.stack import install  # noqa: PLC0415 - heavy, only for this mode
+    from loadtest.stack.controlplane import (  # noqa: PLC0415
+        BinariesUnavailableError,
+        find_binaries,
+    )
+
+    try:
+        trace = read_openb_pods(args.data, args.trace)
+    except TraceMissing as exc:
+        print(f"python -m loadtest sched-perf: {exc}", file=sys.stderr)
+        return 2
+    try:
+        binaries = find_binaries(progress=sys.stderr)
+    except (BinariesUnavailableError, RuntimeError) as exc:
+        print(f"{MISSING_BINARIES}\n{exc}", file=sys.stderr)
+        return 2
+    shipped = install.load_install(binaries / "kubectl").scheduler_configuration
+    clock = SystemClock()
+    pods = shapes(trace, args.pods, gang_share=args.gang_share, seed=args.seed)
+    nodes = hgx_nodes(args.nodes)
+    settings = {
+        "rate": args.rate,
+        "repeats": args.repeats,
+        "trace": args.trace,
+        "gang_share": args.gang_share,
+        "seed": args.seed,
+        "idle_s": args.idle,
+        "gpus_asked": round(sum(s.gpu_demand for s in pods), 1),
+        "gpus": sum(n.gpus for n in nodes),
+        "shipped_scheduler_config": shipped,
+    }
+    runs: list[RunRecord] = []
+    with tempfile.TemporaryDirectory(prefix="tessera-sched-perf-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        setup = Setup(binaries, shipped, nodes, pods, args.rate, args.idle, args.timeout,
+                      workdir, clock)  # fmt: skip
+        for repeat in range(args.repeats):
+            for profile in [p for p in profiles.order(repeat) if p in chosen]:
+                print(f"repeat {repeat + 1}/{args.repeats}: {profile}", flush=True)
+                record = run_profile(profile, repeat, setup)
+                runs.append(record)
+                f = run_figures(record)
+                print(
+                    f"  bound {f['bound']}/{len(pods)}, {f['pods_per_s']} pods/s (created "
+                    f"{f['created_per_s']}/s), p50 "
+                    f"{f['p50_ms']} ms, p99 {f['p99_ms']} ms, CPU ms/pod {f['cpu_ms_per_pod']}",
+                    flush=True,
+                )
+    data = report(runs, nodes=args.nodes, pods=args.pods, settings=settings)
+    print("\n".join(table(data)))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_bytes(jsonio.dumps(data))
+    print(f"results: {args.json}")
+    return 0
