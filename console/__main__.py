@@ -48,6 +48,7 @@ examples:
   tessera queues
   tessera capacity                               # does a team need more quota or more nodes?
   tessera capacity --prometheus http://prometheus:9090 --range 7d   # ... over the last week
+  tessera capacity --from-run reports/demo.json --html capacity.html  # ... over a load test
   tessera why job/pretrain -n team-nlp             # webhook, Kueue and extender, stage by stage
   tessera why pretrain-0-x7k2p -n team-nlp --extender http://127.0.0.1:8889
   tessera drain gpu-a-0 --at 2026-12-01T02:00:00Z --reason "driver 570"
@@ -135,6 +136,18 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "instead of the cluster now",
     )
     flag(capacity, "range", default="7d", help="with --prometheus: how far back (default 7d)")
+    flag(
+        capacity,
+        "from-run",
+        help="a load-test run's JSON (python -m loadtest demo, latency or soak): the same "
+        "report over the run instead of the cluster now",
+    )
+    flag(
+        capacity,
+        "html",
+        help="with --prometheus or --from-run: also write the report as an HTML page with "
+        "plots to this file",
+    )
 
     why = commands_.add_parser(
         "why",
@@ -247,10 +260,19 @@ def _command(args: argparse.Namespace, source: Source | None, clock: Clock) -> A
         raise ConsoleError("-o yaml is for sbatch; use -o json")
     if args.command == "sbatch":
         return _sbatch(args, source)
+    html = Path(args.html) if args.command == "capacity" and args.html else None
+    if args.command == "capacity" and args.from_run:
+        if args.prometheus:
+            raise ConsoleError("give --prometheus or --from-run, not both")
+        return _ready(
+            capacity_range_cmd.capacity_from_run(Path(args.from_run), output=output, html=html)
+        )
     if _over_range(args):
         return capacity_range_cmd.capacity_over_range(
-            args.prometheus, args.range, clock, output=output
+            args.prometheus, args.range, clock, output=output, html=html
         )
+    if html is not None:
+        raise ConsoleError("--html is for a report over a range: add --prometheus or --from-run")
     return _on_cluster(args, source, clock, output)
 
 
@@ -312,8 +334,13 @@ def _on_cluster(
 
 
 def _over_range(args: argparse.Namespace) -> bool:
-    """``tessera capacity --prometheus``: Prometheus is read, not the cluster."""
-    return args.command == "capacity" and bool(args.prometheus)
+    """``tessera capacity --prometheus`` or ``--from-run``: Prometheus or a run's file is
+    read, not the cluster."""
+    return args.command == "capacity" and bool(args.prometheus or args.from_run)
+
+
+async def _ready(output: Output) -> Output:
+    return output
 
 
 def _sbatch(args: argparse.Namespace, source: Source | None) -> Awaitable[Output]:

@@ -91,6 +91,25 @@ class QueueRange:
 
 
 @dataclass(frozen=True, slots=True)
+class Timeline:
+    """The report's figures step by step, for its plots (NaN where a step had none)."""
+
+    at_s: tuple[float, ...]
+    """Seconds since the range's start, one per step."""
+    wait_p90_s: Mapping[str, tuple[float, ...]]
+    """ClusterQueue → p90 wait of the workloads admitted in each step."""
+    borrowed: Mapping[str, tuple[float, ...]]
+    lent: Mapping[str, tuple[float, ...]]
+    admitted: tuple[float, ...]
+    """GPUs Kueue had admitted, all queues together."""
+    allocated: tuple[float, ...]
+    busy: tuple[float, ...]
+
+
+NO_TIMELINE: Final = Timeline((), {}, {}, {}, (), (), ())
+
+
+@dataclass(frozen=True, slots=True)
 class RangeReport:
     start: float
     end: float
@@ -102,6 +121,8 @@ class RangeReport:
     fragmentation: Mapping[str, float]
     """GPU product → mean share of its free GPUs unusable."""
     recommendations: tuple[str, ...]
+    timeline: Timeline = NO_TIMELINE
+    """Not in the JSON, whose shape scripts rely on: the HTML page plots it."""
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -162,6 +183,20 @@ def _sum_steps(series: Sequence[Series], steps: int) -> list[float]:
     return total
 
 
+def _wait_steps(series: Sequence[Series], steps: int) -> tuple[float, ...]:
+    """The p90 of each step's own histogram (the workloads admitted in that step)."""
+    found = []
+    for i in range(steps):
+        counts: dict[float, float] = {}
+        for labels, values in series:
+            if not math.isnan(values[i]):
+                le = float(labels.get("le", "+Inf"))
+                counts[le] = counts.get(le, 0.0) + values[i]
+        p90 = quantile(0.9, list(counts.items()))
+        found.append(math.nan if p90 is None else p90)
+    return tuple(found)
+
+
 def _wait(series: Sequence[Series]) -> tuple[float | None, int]:
     counts: dict[float, float] = {}
     for labels, values in series:
@@ -172,9 +207,15 @@ def _wait(series: Sequence[Series]) -> tuple[float | None, int]:
 
 
 def range_report(
-    data: Mapping[str, Sequence[Series]], *, start: float, end: float, step_s: float
+    data: Mapping[str, Sequence[Series]],
+    *,
+    start: float,
+    end: float,
+    step_s: float,
+    wait_long_s: float = WAIT_LONG_S,
 ) -> RangeReport:
-    """The report of the series read for ``QUERIES`` (by the same names)."""
+    """The report of the series read for ``QUERIES`` (by the same names); a queue whose
+    p90 wait reaches ``wait_long_s`` gets a recommendation."""
     steps = max(1, round((end - start) / step_s) + 1)
     usage, nominal = _by_queue(data.get("usage", ())), _by_queue(data.get("nominal", ()))
     waits, pending = _by_queue(data.get("wait_buckets", ())), _by_queue(data.get("pending", ()))
@@ -209,12 +250,21 @@ def range_report(
         for labels, values in data.get("fragmented", ())
         if (mean := _mean(values)) is not None
     }
+    timeline = Timeline(
+        at_s=tuple(i * step_s for i in range(steps)),
+        wait_p90_s={n: _wait_steps(waits.get(n, []), steps) for n in names},
+        borrowed={n: tuple(borrowed[n]) for n in names},
+        lent={n: tuple(lent[n]) for n in names},
+        admitted=tuple(_sum_steps([s for n in names for s in usage.get(n, [])], steps)),
+        allocated=tuple(allocated),
+        busy=tuple(busy),
+    )
     report = RangeReport(
         start, end, step_s, tuple(queues), ratio, _mean(allocated), fragmentation, ()
     )
     return RangeReport(
         start, end, step_s, report.queues, ratio, report.allocated_mean, fragmentation,
-        recommendations(report),
+        recommendations(report, wait_long_s=wait_long_s), timeline,
     )  # fmt: skip
 
 
@@ -273,7 +323,13 @@ def _nodes(gpus: float) -> int:
     return max(RAISE_STEP, math.ceil(gpus / RAISE_STEP) * RAISE_STEP)
 
 
-def recommendations(report: RangeReport) -> tuple[str, ...]:
+def wait_text(seconds: float) -> str:
+    """A wait as ``render.duration`` writes it, but a load test's short waits to two
+    digits (``0.65s``) rather than ``0s``."""
+    return f"{seconds:.2g}s" if seconds < 10 else duration(seconds)
+
+
+def recommendations(report: RangeReport, *, wait_long_s: float = WAIT_LONG_S) -> tuple[str, ...]:
     """Plain sentences, most urgent first: queues that waited long while borrowing (more
     nominal, or less lending by the queue they borrowed from), queues that waited long
     and borrowed nothing, idle allocation, stranded GPUs."""
@@ -281,20 +337,20 @@ def recommendations(report: RangeReport) -> tuple[str, ...]:
     # per cohort, the queue that lent most (the last one written wins)
     lenders = {q.cohort: q for q in sorted(report.queues, key=lambda q: q.lent_mean)}
     for q in sorted(report.queues, key=lambda q: -(q.wait_p90_s or 0.0)):
-        if q.wait_p90_s is None or q.wait_p90_s < WAIT_LONG_S:
+        if q.wait_p90_s is None or q.wait_p90_s < wait_long_s:
             continue
         lender = lenders.get(q.cohort)
         on = f" of {q.flavor}" if q.flavor else ""
         if q.borrowed_mean > 0 and lender is not None and lender.name != q.name:
             share = 100 * q.borrowed_mean / lender.nominal if lender.nominal else 0.0
             found.append(
-                f"{q.name} waited p90 {duration(q.wait_p90_s)} while borrowing {share:.0f} % "
+                f"{q.name} waited p90 {wait_text(q.wait_p90_s)} while borrowing {share:.0f} % "
                 f"of {lender.name}'s nominal: raise {q.name}'s nominal by "
                 f"{_nodes(q.borrowed_max)} GPUs{on} or lower {lender.name}'s lending limit"
             )
         else:
             found.append(
-                f"{q.name} waited p90 {duration(q.wait_p90_s)} and borrowed nothing: raise "
+                f"{q.name} waited p90 {wait_text(q.wait_p90_s)} and borrowed nothing: raise "
                 f"its nominal, or let its cohort lend to it"
             )
     if report.utilisation is not None and report.utilisation < IDLE_BELOW:

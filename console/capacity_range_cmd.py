@@ -1,18 +1,27 @@
-"""``tessera capacity --prometheus URL --range 7d``: the capacity report over a time range.
+"""``tessera capacity --prometheus URL --range 7d`` and ``tessera capacity --from-run
+F.json``: the capacity report over a time range, from Prometheus or from a load-test run,
+as a table, JSON, and with ``--html F`` a page with plots.
 
-Layer: I/O (it awaits Prometheus through ``console.prometheus``). Takes the range's end
-from the injected clock, lets the PURE ``console.capacity_range`` sum the series up and
-renders the report. Must not judge anything itself, nor read the environment.
+Layer: I/O (it awaits Prometheus through ``console.prometheus``, reads the run's file and
+writes the page). Takes the range's end from the injected clock, lets the PURE
+``console.capacity_run`` turn a run into series, ``console.capacity_range`` sum them up
+and ``console.capacity_html`` draw them. Must not judge anything itself, nor read the
+environment.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
+from cluster import jsonio
 from cluster.clock import Clock
 from console import render
-from console.capacity_range import QUERIES, RangeReport, range_report
+from console.capacity_html import html_page
+from console.capacity_range import QUERIES, RangeReport, range_report, wait_text
+from console.capacity_run import run_series
 from console.output import ConsoleError, Output, json_text
 from console.prometheus import query_ranges
 
@@ -34,7 +43,7 @@ def step_for(range_s: float) -> float:
 
 
 async def capacity_over_range(
-    url: str, range_text: str, clock: Clock, *, output: str = "table"
+    url: str, range_text: str, clock: Clock, *, output: str = "table", html: Path | None = None
 ) -> Output:
     span = range_seconds(range_text)
     step = step_for(span)
@@ -43,14 +52,69 @@ async def capacity_over_range(
     queries = {name: q.replace("{step}", f"{int(step)}s") for name, q in QUERIES.items()}
     data = await query_ranges(url, queries, start=start, end=end, step_s=step)
     report = range_report(data, start=start, end=end, step_s=step)
+    heading = f"over the last {range_text.strip()} (step {render.duration(report.step_s)})"
+    facts = (("Source", f"Prometheus at {url}"), ("Range", heading))
+    return _shown(report, heading, facts, output=output, html=html)
+
+
+def capacity_from_run(path: Path, *, output: str = "table", html: Path | None = None) -> Output:
+    """The same report from a load-test run's JSON (``python -m loadtest demo --out``)."""
+    try:
+        run = jsonio.loads(path.read_bytes())
+    except OSError as exc:
+        raise ConsoleError(f"--from-run {path}: {exc.strerror or exc}") from None
+    except jsonio.JsonError as exc:
+        raise ConsoleError(f"--from-run {path}: not JSON: {exc}") from None
+    series = run_series(run)
+    long_s = series.median_run_s
+    report = range_report(
+        series.data,
+        start=series.start,
+        end=series.end,
+        step_s=series.step_s,
+        **({} if long_s is None else {"wait_long_s": long_s}),
+    )
+    heading = (
+        f"over the run in {path.name} ({wait_text(report.end)}, step {wait_text(report.step_s)})"
+    )
+    facts = [("Source", f"load-test run {path}"), ("Range", heading)]
+    if long_s is not None:
+        facts.append(
+            ("Long wait", f"a p90 wait of the median job run or more ({wait_text(long_s)})")
+        )
+    return _shown(report, heading, facts, output=output, html=html)
+
+
+def _shown(
+    report: RangeReport,
+    heading: str,
+    facts: Sequence[tuple[str, str]],
+    *,
+    output: str,
+    html: Path | None,
+) -> Output:
+    notes: tuple[str, ...] = ()
+    if html is not None:
+        page = html_page(report, f"Tessera capacity {heading}", facts)
+        try:
+            html.write_text(page, encoding="utf-8")
+        except OSError as exc:
+            raise ConsoleError(f"--html {html}: {exc.strerror or exc}") from None
+        notes = (f"report: {html}",)
     if output == "json":
-        return Output(json_text(report.to_json()))
-    return Output(range_text_of(report, range_text))
+        return Output(json_text(report.to_json()), notes)
+    return Output(report_text(report, heading), notes)
 
 
 def range_text_of(report: RangeReport, range_text: str) -> str:
+    return report_text(
+        report, f"over the last {range_text.strip()} (step {render.duration(report.step_s)})"
+    )
+
+
+def report_text(report: RangeReport, heading: str) -> str:
     parts = [
-        f"over the last {range_text.strip()} (step {render.duration(report.step_s)})\n\n",
+        f"{heading}\n\n",
         render.table(
             (
                 "CLUSTERQUEUE",
@@ -68,7 +132,7 @@ def range_text_of(report: RangeReport, range_text: str) -> str:
                     q.name,
                     q.cohort,
                     round(q.nominal),
-                    render.duration(q.wait_p90_s) if q.wait_p90_s is not None else None,
+                    wait_text(q.wait_p90_s) if q.wait_p90_s is not None else None,
                     q.admitted,
                     round(q.pending_mean, 1),
                     round(q.borrowed_mean, 1),
@@ -83,6 +147,11 @@ def range_text_of(report: RangeReport, range_text: str) -> str:
         parts.append(
             f"\nallocated GPUs: {report.allocated_mean or 0:.1f} on average, busy "
             f"{100 * report.utilisation:.0f} % of the time (DCGM_FI_DEV_GPU_UTIL)\n"
+        )
+    elif report.allocated_mean is not None:
+        parts.append(
+            f"\nallocated GPUs: {report.allocated_mean:.1f} on average (no utilisation "
+            "series to compare with)\n"
         )
     if report.fragmentation:
         parts.append(

@@ -29,7 +29,7 @@ from loadtest.demo import real as real_demo
 from loadtest.inputs.fleet import FleetSpec, StreamSpec
 from loadtest.report import page, summary, terminal
 from loadtest.report import real as real_report
-from loadtest.sim import scenario
+from loadtest.sim import kueue, scenario
 from loadtest.sim.cluster_sim import ClusterSim
 from loadtest.stack.cluster import E2ECluster, bring_up
 
@@ -143,6 +143,7 @@ def execute(
     }
     data = summary.to_json(result, meta, nominal)
     data["errors_fatal"] = sum(result.errors.values())
+    data["capacity"] = summary.capacity_json(result, kueue.setup_from_objects(prepared.policy))
     title = f"Tessera load test: {name}, {result.nodes} nodes, {len(result.jobs)} jobs"
     return _publish(
         data,

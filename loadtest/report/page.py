@@ -1,5 +1,5 @@
 """A simulated run's HTML page: facts, latency tables, and inline SVG charts of latency,
-throughput, GPU allocation, queues and memory; and the look every report page shares.
+throughput, GPU allocation, queues and memory (drawn with ``cluster.svg``).
 
 Layer: PURE. A ``SimResult`` and its JSON in, HTML text out; no I/O, no clock. Must not
 change the result it reports on.
@@ -11,32 +11,10 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
+from cluster.svg import Series, cdf_points, line_chart, page_head
 from loadtest.measure.stats import Summary
 from loadtest.report.summary import latency_summaries, rate_series
-from loadtest.report.svg import Series, cdf_points, line_chart
 from loadtest.sim.records import SimResult
-
-PAGE_STYLE = """\
-body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1340px; }
-h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; }
-table { border-collapse: collapse; margin: 8px 0; }
-td, th { border: 1px solid #ccc; padding: 4px 10px; text-align: right; }
-td:first-child { text-align: left; }
-th { background: #f4f4f4; text-align: left; }
-.facts td { text-align: left; }
-.grid { display: flex; flex-wrap: wrap; gap: 16px; }
-.grid svg { border: 1px solid #ddd; }
-li { margin: 4px 0; }
-"""
-"""The look every report shares (the demo's, the real demo's)."""
-
-
-def page_head(title: str) -> str:
-    """An HTML page up to the end of ``<body>``'s opening tag, in the reports' look."""
-    return (
-        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
-        f"<title>{escape(title)}</title>\n<style>\n{PAGE_STYLE}</style></head><body>"
-    )
 
 
 def html_page(result: SimResult, data: Mapping[str, Any], title: str) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from loadtest.report.svg import Series, line_chart
+from cluster.svg import Series, line_chart
 
 
 def _median(values: Sequence[float]) -> float:

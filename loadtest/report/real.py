@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from loadtest.report.page import page_head
+from cluster.svg import Series, cdf_points, line_chart, page_head
 from loadtest.report.summary import summarize
-from loadtest.report.svg import Series, cdf_points, line_chart
 
 GANG = "gang"
 MODE_NAMES = {

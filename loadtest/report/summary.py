@@ -13,7 +13,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cluster import labels
 from loadtest.measure.stats import EMPTY_SUMMARY, Summary, percentile
+from loadtest.sim.kueue import KueueSetup
 from loadtest.sim.records import SimResult
 
 EXTENDER_VERBS = ("filter", "prioritize", "bind")
@@ -199,3 +201,35 @@ def to_json(result: SimResult, meta: Mapping[str, Any], quota_nominal_gpus: int)
         "open_loop_per_verb": dict(result.open_loop),
         "checks": {**{k: getattr(c, k) for k in c.__slots__}, "ok": c.ok},
     }
+
+
+def _gpus(resource: str, amount: float) -> float:
+    """Whole GPUs, shares of one as milli / 1000, as the fleet's allocation counts them."""
+    return amount / 1000 if resource == labels.GPU_MILLI_RESOURCE else float(amount)
+
+
+def capacity_json(result: SimResult, setup: KueueSetup) -> dict[str, Any]:
+    """What ``tessera capacity --from-run`` reads: the ClusterQueues' nominal GPUs, each
+    job's way through Kueue (queue, flavor, GPUs, created, admitted, finished) and the
+    GPUs the extender had allocated at each sample. Only jobs that reached Kueue (not
+    denied at admission) are listed."""
+    queues = []
+    for name, cq in sorted(setup.cluster_queues.items()):
+        nominal: dict[str, float] = {}
+        for (flavor, resource), quota in cq.quotas.items():
+            nominal[flavor] = nominal.get(flavor, 0.0) + _gpus(resource, quota.nominal)
+        queues.append({"name": name, "cohort": cq.cohort, "nominal_gpus": nominal})
+    jobs = [
+        {
+            "cluster_queue": job.cluster_queue,
+            "flavor": job.flavor or None,
+            "gpus": _gpus(job.demand.resource, job.demand.total),
+            "created_s": round(job.created_s, 3),
+            "admitted_s": None if job.admitted_s is None else round(job.admitted_s, 3),
+            "finished_s": None if job.finished_s is None else round(job.finished_s, 3),
+        }
+        for job in result.jobs.values()
+        if job.cluster_queue and job.demand is not None
+    ]
+    allocated = [[round(s.at_s, 3), round(s.gpus_allocated, 3)] for s in result.samples]
+    return {"cluster_queues": queues, "jobs": jobs, "gpus_allocated": allocated}

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cluster import svg
 from loadtest.measure.stats import percentile
-from loadtest.report import placement_page, summary, svg
+from loadtest.report import placement_page, summary
 
 MS = 0.001
 

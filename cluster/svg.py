@@ -1,8 +1,11 @@
-"""Line charts as inline SVG, drawn by hand so the report needs no plotting library.
+"""Line charts as inline SVG, drawn by hand so the reports need no plotting library, and
+the page look they share (the load test's reports and ``tessera capacity --html``).
 
-Layer: PURE. Numbers in, SVG text out: axes with round ticks (linear, or log10 for
-latencies), one polyline per series, a legend. No I/O, no clock. Must not know what the
-numbers mean (the report modules do).
+Layer: PURE. Numbers in, SVG and HTML text out: axes with round ticks (linear, or log10
+for latencies), one polyline per series, a legend; the head of a report page. No I/O, no
+clock. Must not know what the numbers mean (the report modules do). It sits in
+``cluster`` because both the load test and the console draw with it and neither may
+import the other.
 """
 
 from __future__ import annotations
@@ -16,6 +19,28 @@ from typing import Final
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2")
 WIDTH, HEIGHT = 640, 330
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 34, 70
+
+PAGE_STYLE = """\
+body { font-family: sans-serif; margin: 24px; color: #222; max-width: 1340px; }
+h1 { font-size: 22px; } h2 { font-size: 17px; margin-top: 28px; }
+table { border-collapse: collapse; margin: 8px 0; }
+td, th { border: 1px solid #ccc; padding: 4px 10px; text-align: right; }
+td:first-child { text-align: left; }
+th { background: #f4f4f4; text-align: left; }
+.facts td { text-align: left; }
+.grid { display: flex; flex-wrap: wrap; gap: 16px; }
+.grid svg { border: 1px solid #ddd; }
+li { margin: 4px 0; }
+"""
+"""The look every report shares (the demo's, the real demo's, the capacity report's)."""
+
+
+def page_head(title: str) -> str:
+    """An HTML page up to the end of ``<body>``'s opening tag, in the reports' look."""
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title>\n<style>\n{PAGE_STYLE}</style></head><body>"
+    )
 
 
 @dataclass(frozen=True, slots=True)
