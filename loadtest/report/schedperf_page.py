@@ -11,8 +11,7 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any, Final
 
-from loadtest.report.page import page_head
-from loadtest.report.svg import Series, cdf_points, line_chart
+from cluster.svg import Series, cdf_points, line_chart, page_head
 
 PROFILES: Final = ("in_tree", "in_tree_default", "tessera")
 COMPONENTS: Final = ("scheduler", "extender", "apiserver", "etcd")
