@@ -39,13 +39,14 @@ from cluster.convert.grammar import (
 from cluster.model import GangId, GangSpec, NodeName, Promise
 from cluster.snapshot import Snapshot
 from extender.config import ExtenderConfig
+from extender.holdings import HoldingsMemo
+from extender.outlooks import OutlookMemo
 from extender.reservations import (
     GangDemand,
     PlanInput,
     Reservation,
     ReservationRules,
     gang_demands,
-    holdings,
     plan_reservations,
 )
 
@@ -90,15 +91,33 @@ class Holds:
         return {name: tuple(held) for name, held in found.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class PlanMemo:
+    """What one caller's plans under ``config`` carry from one to the next, so that a
+    plan costs what changed since the last: the pods holding GPUs per node, and each
+    node's outlook and each domain's totals while those are the same. Changes no
+    decision. One plan at a time (the live extender plans in one worker thread, one
+    plan after the other)."""
+
+    config: ExtenderConfig
+    outlooks: OutlookMemo = field(default_factory=OutlookMemo)
+    holdings: HoldingsMemo = field(default_factory=HoldingsMemo)
+
+
 def next_holds(
     snapshot: Snapshot,
     config: ExtenderConfig,
     rules: HoldRules,
     held: Mapping[GangId, Hold],
     now: datetime,
+    *,
+    memo: PlanMemo | None = None,
 ) -> Holds:
     """What is held after planning on ``snapshot`` at ``now``, given what was ``held``
-    (see the module docstring)."""
+    (see the module docstring). ``memo``: what the caller's last plan kept (one of
+    another config is not read)."""
+    if memo is None or memo.config is not config:
+        memo = PlanMemo(config)
     specs = _gang_specs(snapshot)
     kept: dict[GangId, Hold] = {}
     for gang, hold in held.items():
@@ -113,9 +132,10 @@ def next_holds(
     bound = max(0, rules.plan.max_reservations - len(kept))
     cluster = PlanInput(
         snapshot.nodes,
-        holdings(snapshot, now),
+        memo.holdings.holdings(snapshot, now),
         config,
         replace(rules.plan, max_reservations=bound),
+        memo.outlooks,
     )
     previous = {gang: hold.reservation for gang, hold in held.items()}
     plan = plan_reservations(waiting, cluster, previous, now)

@@ -9,7 +9,8 @@ and times what ``extender.reserving.Reserver.plan`` runs on the event loop, with
 ``await`` in it: ``extender.holds.next_holds`` on one snapshot (and its parts: finding
 the waiting gangs, the pods holding GPUs per node, the plan itself), then the promises
 put in the cache. The first plan finds nothing held; the next ones start from what the
-previous one held, as the live extender's do every ``--reservation-interval``.
+previous one held and the plans' memo, as the live extender's do every
+``--reservation-interval``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from cluster.clock import Clock, SystemClock
 from cluster.files import load_objects
 from cluster.model import GangId, PodInfo
 from extender.config import ExtenderConfig, levels_from_labels
-from extender.holds import Hold, HoldRules, next_holds
-from extender.reservations import ReservationRules, gang_demands, holdings
+from extender.holdings import holdings
+from extender.holds import Hold, HoldRules, PlanMemo, next_holds
+from extender.reservations import ReservationRules, gang_demands
 from extender.reserving import idle_gpus
 from loadtest.bench.cache import LEVELS, _convert, _Lap, _Stopwatch, _Table, write_fleet
 from server.heap import short_pauses
@@ -110,11 +112,12 @@ def _plans(  # noqa: PLR0917 - run's state
     table: _Table,
 ) -> None:
     held: dict[GangId, Hold] = {}
+    memo = PlanMemo(config)  # kept from one plan to the next, as Reserver keeps it
 
     def plan() -> int:
         # what Reserver.plan does, the awaits left out
         now_held = cache.snapshot()
-        holds = next_holds(now_held, config, rules, held, NOW)
+        holds = next_holds(now_held, config, rules, held, NOW, memo=memo)
         idle_gpus(now_held, holds.held.values())
         cache.promise(holds.promises())
         held.clear()
