@@ -36,10 +36,10 @@ from cluster.convert.grammar import (
     parse_reservation,
     parse_rfc3339,
 )
-from cluster.model import GangId, GangSpec, NodeName, Promise
+from cluster.model import GangId, NodeName, Promise
 from cluster.snapshot import Snapshot
 from extender.config import ExtenderConfig
-from extender.holdings import HoldingsMemo
+from extender.holdings import GangPodsMemo, HoldingsMemo
 from extender.outlooks import OutlookMemo
 from extender.reservations import (
     GangDemand,
@@ -102,6 +102,7 @@ class PlanMemo:
     config: ExtenderConfig
     outlooks: OutlookMemo = field(default_factory=OutlookMemo)
     holdings: HoldingsMemo = field(default_factory=HoldingsMemo)
+    gangs: GangPodsMemo = field(default_factory=GangPodsMemo)
 
 
 def next_holds(
@@ -118,7 +119,7 @@ def next_holds(
     another config is not read)."""
     if memo is None or memo.config is not config:
         memo = PlanMemo(config)
-    specs = _gang_specs(snapshot)
+    specs, unbound = memo.gangs.members(snapshot.pods)
     kept: dict[GangId, Hold] = {}
     for gang, hold in held.items():
         spec = specs.get(gang)
@@ -128,7 +129,8 @@ def next_holds(
                 kept[gang] = hold  # gone: requeued or deleted, kept for the grace
         elif placed and placed < spec.min_count:
             kept[gang] = _from_now(hold, now)
-    waiting = [_since(d, held.get(d.gang)) for d in gang_demands(snapshot, config, now)]
+    demands = gang_demands(snapshot, config, now, unbound=unbound)
+    waiting = [_since(d, held.get(d.gang)) for d in demands]
     bound = max(0, rules.plan.max_reservations - len(kept))
     cluster = PlanInput(
         snapshot.nodes,
@@ -148,16 +150,6 @@ def next_holds(
         now_held = Reservation(gang, estimate.domain, estimate.nodes, now)
         kept[gang] = Hold(now_held, since[gang], now)
     return Holds(kept, plan.unreserved, plan.unplaceable)
-
-
-def _gang_specs(snapshot: Snapshot) -> dict[GangId, GangSpec]:
-    """Each gang the snapshot has a pod of, and its spec."""
-    found: dict[GangId, GangSpec] = {}
-    for pod in snapshot.pods.values():
-        spec = pod.demand.gang
-        if spec is not None:
-            found.setdefault(spec.id, spec)
-    return found
 
 
 def _since(demand: GangDemand, hold: Hold | None) -> GangDemand:

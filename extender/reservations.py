@@ -41,7 +41,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from cluster.model import GangId, NodeName, NodeState, PodDemand, PodKey, Promise, TopologyMode
+from cluster.model import (
+    GangId,
+    NodeName,
+    NodeState,
+    PodDemand,
+    PodInfo,
+    PodKey,
+    Promise,
+    TopologyMode,
+)
 from cluster.snapshot import Snapshot
 from extender.config import ExtenderConfig
 from extender.outlooks import ANYWHERE, Holding, Outlook, OutlookMemo
@@ -125,14 +134,20 @@ class Plan:
 
 
 def gang_demands(
-    snapshot: Snapshot, config: ExtenderConfig, now: datetime
+    snapshot: Snapshot,
+    config: ExtenderConfig,
+    now: datetime,
+    *,
+    unbound: Iterable[tuple[PodKey, PodInfo]] | None = None,
 ) -> tuple[GangDemand, ...]:
     """Gangs whose members wait and none of which is placed, in their order: a gang
     waits since its oldest member was created, at its highest member's priority. A
     ``required`` level the config does not know leaves the gang out (no domain can be
-    named); ``preferred`` is no constraint for a reservation."""
+    named); ``preferred`` is no constraint for a reservation. ``unbound``: the gang
+    members of ``snapshot.pods`` not bound, in its order, when the caller knows them
+    (``holdings.GangPodsMemo``); else every pod is looked at."""
     waiting: dict[GangId, list[PodKey]] = {}
-    for key, pod in snapshot.pods.items():
+    for key, pod in snapshot.pods.items() if unbound is None else unbound:
         gang = pod.demand.gang
         if gang is not None and pod.node is None and not snapshot.gangs.get(gang.id):
             waiting.setdefault(gang.id, []).append(key)

@@ -1,6 +1,7 @@
 """A plan with the memo its caller keeps (``extender.holds.PlanMemo``: the pods holding
-GPUs per node carried shard by shard, outlooks and domain totals carried from one plan
-to the next) decides what a plan from nothing decides, on random changes to a cache."""
+GPUs per node and the gang members carried shard by shard, outlooks and domain totals
+carried from one plan to the next) decides what a plan from nothing decides, on random
+changes to a cache."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from hypothesis import strategies as st
 
 from cluster.model import GangId, NodeName, PodDemand, PodInfo, pod_key
 from cluster.snapshot import Snapshot
-from extender.holdings import HoldingsMemo, holdings
+from extender.holdings import GangPodsMemo, HoldingsMemo, holdings
 from extender.holds import Hold, HoldRules, PlanMemo, next_holds
 from extender.outlooks import Holding
-from extender.reservations import ReservationRules
+from extender.reservations import ReservationRules, gang_demands
 from tests.unit.test_extender_builders import CONFIG, NOW, cluster, demand, node, pod
 
 NODES = ("n1", "n2", "n3", "n4")
@@ -102,3 +103,34 @@ def test_a_plan_with_the_memo_decides_as_one_without(steps: list[Step], members:
         fresh = next_holds(snapshot, CONFIG, RULES, held, now)
         assert next_holds(snapshot, CONFIG, RULES, held, now, memo=memo) == fresh
         held = dict(fresh.held)
+
+
+# (pod number, gang number, node, or "" pending, or None deleted)
+_MEMBER = st.tuples(st.integers(0, 40), st.integers(0, 3), st.sampled_from((*NODES, "", None)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_MEMBER, min_size=1, max_size=30))
+def test_carried_gang_members_are_the_snapshots(steps: list[tuple[int, int, str | None]]) -> None:
+    cache = cluster([node(name=n, rack=RACKS[n]) for n in NODES])
+    memo = GangPodsMemo()
+    for number, gang, where in steps:
+        key = pod_key("ns", f"m{number}")
+        if where is None:
+            cache.delete_pod(key)
+        else:
+            want = demand(1, gang=f"ns.g{gang}", size=2 + number % 2, time_limit_s=600)
+            cache.upsert_pod(pod(f"m{number}", want, node=where or None))
+        snapshot = cache.snapshot()
+        specs, unbound = memo.members(snapshot.pods)
+        members = [(k, p) for k, p in snapshot.pods.items() if p.demand.gang is not None]
+        firsts: dict[GangId, object] = {}
+        for _, p in members:
+            assert p.demand.gang is not None
+            firsts.setdefault(p.demand.gang.id, p.demand.gang)
+        assert specs == firsts
+        assert list(specs) == list(firsts)
+        assert unbound == [(k, p) for k, p in members if p.node is None]
+        assert gang_demands(snapshot, CONFIG, NOW, unbound=unbound) == gang_demands(
+            snapshot, CONFIG, NOW
+        )
