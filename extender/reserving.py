@@ -193,7 +193,7 @@ class Reserver:
     async def plan(self) -> Holds:
         """Plan on the current snapshot, in a worker thread, then put the promises in the
         cache. A plan reads every pod holding GPUs and every domain that may hold a waiting
-        gang: seconds of CPU at 5,000 nodes and 150,000 pods
+        gang: the first plan is seconds of CPU at 5,000 nodes and 150,000 pods
         (``loadtest.bench.reservations_plan``), which on the event loop would hold every
         ``/filter`` and ``/bind`` that long. ``next_holds`` is PURE over one immutable
         snapshot and the plans' memo, which only the one plan running reads, so the
