@@ -111,6 +111,13 @@ class ShardedMap(Mapping[K, V], Generic[K, V]):
         large map in steps takes a shard's values at C speed."""
         return filter(None, chain.from_iterable(self._groups))
 
+    def every_shard(self) -> Iterator[Mapping[K, V]]:
+        """All ``SHARDS`` shards, empty ones too, in iteration order: shard ``i`` of two
+        maps holds the same keys' entries, and a shard a write did not touch is the very
+        object the previous snapshot's map held (what a reader carrying work from one
+        snapshot to the next compares)."""
+        return chain.from_iterable(self._groups)
+
     # Mapping's views would look every key up again (a crc32 each): walk the shards.
     def values(self) -> ValuesView[V]:
         return _ShardValues(self)

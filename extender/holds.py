@@ -36,16 +36,17 @@ from cluster.convert.grammar import (
     parse_reservation,
     parse_rfc3339,
 )
-from cluster.model import GangId, GangSpec, NodeName, Promise
+from cluster.model import GangId, NodeName, Promise
 from cluster.snapshot import Snapshot
 from extender.config import ExtenderConfig
+from extender.holdings import GangPodsMemo, HoldingsMemo
+from extender.outlooks import OutlookMemo
 from extender.reservations import (
     GangDemand,
     PlanInput,
     Reservation,
     ReservationRules,
     gang_demands,
-    holdings,
     plan_reservations,
 )
 
@@ -90,16 +91,35 @@ class Holds:
         return {name: tuple(held) for name, held in found.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class PlanMemo:
+    """What one caller's plans under ``config`` carry from one to the next, so that a
+    plan costs what changed since the last: the pods holding GPUs per node, and each
+    node's outlook and each domain's totals while those are the same. Changes no
+    decision. One plan at a time (the live extender plans in one worker thread, one
+    plan after the other)."""
+
+    config: ExtenderConfig
+    outlooks: OutlookMemo = field(default_factory=OutlookMemo)
+    holdings: HoldingsMemo = field(default_factory=HoldingsMemo)
+    gangs: GangPodsMemo = field(default_factory=GangPodsMemo)
+
+
 def next_holds(
     snapshot: Snapshot,
     config: ExtenderConfig,
     rules: HoldRules,
     held: Mapping[GangId, Hold],
     now: datetime,
+    *,
+    memo: PlanMemo | None = None,
 ) -> Holds:
     """What is held after planning on ``snapshot`` at ``now``, given what was ``held``
-    (see the module docstring)."""
-    specs = _gang_specs(snapshot)
+    (see the module docstring). ``memo``: what the caller's last plan kept (one of
+    another config is not read)."""
+    if memo is None or memo.config is not config:
+        memo = PlanMemo(config)
+    specs, unbound = memo.gangs.members(snapshot.pods)
     kept: dict[GangId, Hold] = {}
     for gang, hold in held.items():
         spec = specs.get(gang)
@@ -109,13 +129,15 @@ def next_holds(
                 kept[gang] = hold  # gone: requeued or deleted, kept for the grace
         elif placed and placed < spec.min_count:
             kept[gang] = _from_now(hold, now)
-    waiting = [_since(d, held.get(d.gang)) for d in gang_demands(snapshot, config, now)]
+    demands = gang_demands(snapshot, config, now, unbound=unbound)
+    waiting = [_since(d, held.get(d.gang)) for d in demands]
     bound = max(0, rules.plan.max_reservations - len(kept))
     cluster = PlanInput(
         snapshot.nodes,
-        holdings(snapshot, now),
+        memo.holdings.holdings(snapshot, now),
         config,
         replace(rules.plan, max_reservations=bound),
+        memo.outlooks,
     )
     previous = {gang: hold.reservation for gang, hold in held.items()}
     plan = plan_reservations(waiting, cluster, previous, now)
@@ -128,16 +150,6 @@ def next_holds(
         now_held = Reservation(gang, estimate.domain, estimate.nodes, now)
         kept[gang] = Hold(now_held, since[gang], now)
     return Holds(kept, plan.unreserved, plan.unplaceable)
-
-
-def _gang_specs(snapshot: Snapshot) -> dict[GangId, GangSpec]:
-    """Each gang the snapshot has a pod of, and its spec."""
-    found: dict[GangId, GangSpec] = {}
-    for pod in snapshot.pods.values():
-        spec = pod.demand.gang
-        if spec is not None:
-            found.setdefault(spec.id, spec)
-    return found
 
 
 def _since(demand: GangDemand, hold: Hold | None) -> GangDemand:

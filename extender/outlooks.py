@@ -34,7 +34,8 @@ from cluster.model import (
     Promise,
     product_matches,
 )
-from extender.gpus import gpus_fit, pod_fits
+from extender.config import MixEntry
+from extender.gpus import fragmentation, gpus_fit, pod_fits
 from extender.selection import selection_refusal
 
 ANYWHERE: Final = ""
@@ -248,7 +249,15 @@ class OutlookMemo:
     plan) spares every plan comparing each node of each domain with what its counts
     were made of: only the domains of the nodes it names are counted again."""
 
-    __slots__ = ("_domains", "_drains", "_outlooks", "_told", "_totals", "_within")
+    __slots__ = (
+        "_domains",
+        "_drains",
+        "_fragments",
+        "_outlooks",
+        "_told",
+        "_totals",
+        "_within",
+    )
 
     def __init__(self, *, told: bool = False) -> None:
         self._told = told
@@ -257,8 +266,10 @@ class OutlookMemo:
         self._totals: dict[tuple[object, ...], _KeptTotals] = {}
         self._domains: dict[tuple[object, ...], tuple[object, dict[str, tuple[NodeName, ...]]]] = {}
         self._drains: tuple[object, dict[NodeName, Promise]] | None = None
+        self._fragments: dict[NodeName, tuple[NodeState, object, bool, float]] = {}
 
     def clear(self) -> None:
+        self._fragments.clear()
         self._outlooks.clear()
         self._totals.clear()
         self._within.clear()
@@ -369,6 +380,19 @@ class OutlookMemo:
                 groups.setdefault(value, []).append(name)
         found = {value: tuple(names) for value, names in groups.items()}
         self._domains[key] = (nodes, found)
+        return found
+
+    def fragmentation(
+        self, node: NodeState, mix: tuple[MixEntry, ...], islands_required: bool
+    ) -> float:
+        """``gpus.fragmentation`` of ``node`` for ``mix``, kept while the node object and
+        the mix object are the same ones (a tie between domains that fit now, which most
+        do when a gang waits for nothing, weighs every node of each)."""
+        kept = self._fragments.get(node.name)
+        if kept is not None and kept[0] is node and kept[1] is mix and kept[2] is islands_required:
+            return kept[3]
+        found = fragmentation(node, mix, islands_required)
+        self._fragments[node.name] = (node, mix, islands_required, found)
         return found
 
     def drains(self, nodes: Mapping[NodeName, NodeState]) -> dict[NodeName, Promise]:

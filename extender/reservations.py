@@ -41,10 +41,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from cluster.model import GangId, NodeName, NodeState, PodDemand, PodKey, Promise, TopologyMode
+from cluster.model import (
+    GangId,
+    NodeName,
+    NodeState,
+    PodDemand,
+    PodInfo,
+    PodKey,
+    Promise,
+    TopologyMode,
+)
 from cluster.snapshot import Snapshot
 from extender.config import ExtenderConfig
-from extender.gpus import fragmentation
 from extender.outlooks import ANYWHERE, Holding, Outlook, OutlookMemo
 from extender.promises import latest_start
 
@@ -125,32 +133,21 @@ class Plan:
 # ---------------------------------------------------------------- from a snapshot
 
 
-def holdings(snapshot: Snapshot, now: datetime) -> dict[NodeName, tuple[Holding, ...]]:
-    """The pods holding GPUs on each node and when their time limits end: from the pod's
-    start (``started_at``; a pod bound but not started yet starts now) plus its time
-    limit; a pod the snapshot does not describe has none."""
-    found: dict[NodeName, list[Holding]] = {}
-    for key, allocation in snapshot.allocations.items():
-        pod = snapshot.pods.get(key)
-        ends = cpu = None
-        if pod is not None:
-            limit = pod.demand.time_limit_s
-            if limit is not None:
-                ends = (pod.started_at or now) + timedelta(seconds=limit)
-            cpu = pod.demand.cpu_milli
-        found.setdefault(allocation.node, []).append(Holding(allocation, ends, cpu or 0))
-    return {name: tuple(held) for name, held in found.items()}
-
-
 def gang_demands(
-    snapshot: Snapshot, config: ExtenderConfig, now: datetime
+    snapshot: Snapshot,
+    config: ExtenderConfig,
+    now: datetime,
+    *,
+    unbound: Iterable[tuple[PodKey, PodInfo]] | None = None,
 ) -> tuple[GangDemand, ...]:
     """Gangs whose members wait and none of which is placed, in their order: a gang
     waits since its oldest member was created, at its highest member's priority. A
     ``required`` level the config does not know leaves the gang out (no domain can be
-    named); ``preferred`` is no constraint for a reservation."""
+    named); ``preferred`` is no constraint for a reservation. ``unbound``: the gang
+    members of ``snapshot.pods`` not bound, in its order, when the caller knows them
+    (``holdings.GangPodsMemo``); else every pod is looked at."""
     waiting: dict[GangId, list[PodKey]] = {}
-    for key, pod in snapshot.pods.items():
+    for key, pod in snapshot.pods.items() if unbound is None else unbound:
         gang = pod.demand.gang
         if gang is not None and pod.node is None and not snapshot.gangs.get(gang.id):
             waiting.setdefault(gang.id, []).append(key)
@@ -469,12 +466,11 @@ def _pick(
         return tied[0]
     if keep is not None and keep in tied:
         return keep
-    config = cluster.config
+    mix, islands, memo = cluster.config.pod_mix, cluster.islands_required, cluster.memo
 
     def fragmented(domain: str) -> tuple[float, str]:
         nodes = (cluster.nodes[n] for n in groups[domain])
-        lost = sum(fragmentation(n, config.pod_mix, config.islands_required) for n in nodes)
-        return lost, domain
+        return sum(memo.fragmentation(n, mix, islands) for n in nodes), domain
 
     return min(tied, key=fragmented)
 

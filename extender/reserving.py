@@ -42,6 +42,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Final, Protocol
 
 from cluster import labels, logs
@@ -55,6 +56,7 @@ from extender.holds import (
     Hold,
     HoldRules,
     Holds,
+    PlanMemo,
     changed,
     hold_of,
     lease_name,
@@ -160,6 +162,7 @@ class Reserver:
         self._wanted = asyncio.Event()
         self._planned_at: datetime | None = None
         self._asked_at: float | None = None
+        self._memo: PlanMemo | None = None
 
     @property
     def enabled(self) -> bool:
@@ -190,16 +193,22 @@ class Reserver:
     async def plan(self) -> Holds:
         """Plan on the current snapshot, in a worker thread, then put the promises in the
         cache. A plan reads every pod holding GPUs and every domain that may hold a waiting
-        gang: seconds of CPU at 5,000 nodes and 150,000 pods
+        gang: the first plan is seconds of CPU at 5,000 nodes and 150,000 pods
         (``loadtest.bench.reservations_plan``), which on the event loop would hold every
         ``/filter`` and ``/bind`` that long. ``next_holds`` is PURE over one immutable
-        snapshot and a memo of its own, so the thread shares nothing that changes; the
-        promises are put on the loop, as one step."""
+        snapshot and the plans' memo, which only the one plan running reads, so the
+        thread shares nothing that changes; the promises are put on the loop, as one step.
+        The memo makes a plan cost what changed since the last one (a new config starts
+        a new memo)."""
         now = self.clock.now()
         snapshot = self.cache.snapshot()
         held = dict(self.held)
+        config = self.live.current
+        memo = self._memo
+        if memo is None or memo.config is not config:
+            memo = self._memo = PlanMemo(config)
         holds = await asyncio.to_thread(
-            next_holds, snapshot, self.live.current, self.rules, held, now
+            partial(next_holds, snapshot, config, self.rules, held, now, memo=memo)
         )
         idle = 0.0
         if self._planned_at is not None:

@@ -9,7 +9,9 @@ and times what ``extender.reserving.Reserver.plan`` runs on the event loop, with
 ``await`` in it: ``extender.holds.next_holds`` on one snapshot (and its parts: finding
 the waiting gangs, the pods holding GPUs per node, the plan itself), then the promises
 put in the cache. The first plan finds nothing held; the next ones start from what the
-previous one held, as the live extender's do every ``--reservation-interval``.
+previous one held and the plans' memo, ``INTERVAL`` later, after ``--churn`` bound pods
+changed, as the live extender's do every ``--reservation-interval``. Bound pods are
+given start times in the day before (a running pod has one).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import asyncio
 import sys
 import tempfile
 from collections.abc import Callable
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from itertools import count
 from pathlib import Path
 from typing import TypeVar
 
@@ -28,8 +32,9 @@ from cluster.clock import Clock, SystemClock
 from cluster.files import load_objects
 from cluster.model import GangId, PodInfo
 from extender.config import ExtenderConfig, levels_from_labels
-from extender.holds import Hold, HoldRules, next_holds
-from extender.reservations import ReservationRules, gang_demands, holdings
+from extender.holdings import holdings
+from extender.holds import Hold, HoldRules, PlanMemo, next_holds
+from extender.reservations import ReservationRules, gang_demands
 from extender.reserving import idle_gpus
 from loadtest.bench.cache import LEVELS, _convert, _Lap, _Stopwatch, _Table, write_fleet
 from server.heap import short_pauses
@@ -37,6 +42,8 @@ from server.heap import short_pauses
 T = TypeVar("T")
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 """Before the fleet's drain windows (2026-12-01), as a live cluster would be."""
+INTERVAL = timedelta(seconds=10)
+"""Between two plans (the extender's default ``--reservation-interval``)."""
 
 
 def _timed(clock: Clock, step: Callable[[], T]) -> tuple[T, _Lap]:
@@ -65,6 +72,29 @@ def _few_gangs(pods: list[PodInfo], keep: int | None) -> list[PodInfo]:
     return out
 
 
+def _started(pods: list[PodInfo]) -> list[PodInfo]:
+    """The pods, each bound one started some time in the day before ``NOW`` (its time
+    limit is a day), as the kubelet reports a running pod's ``status.startTime``: the
+    fleet file has none, and a plan takes a pod not started to start at its ``now``."""
+    return [
+        p if p.node is None else replace(p, started_at=NOW - timedelta(seconds=i * 7919 % 86_000))
+        for i, p in enumerate(pods)
+    ]
+
+
+def _churn(cache: ClusterCache, count: int, turn: int, now: datetime) -> None:
+    """``count`` bound pods (the ``turn``-th lot) restarted at ``now`` on the GPUs they
+    hold: what changes between two plans of a busy cluster, pods ending and others
+    taking their GPUs."""
+    snapshot = cache.snapshot()
+    bound = [key for key in snapshot.allocations if snapshot.pods.get(key) is not None]
+    if not bound or count <= 0:
+        return
+    for at in range(turn * count, (turn + 1) * count):
+        pod = snapshot.pods[bound[at % len(bound)]]
+        cache.upsert_pod(replace(pod, started_at=now))
+
+
 def run(
     nodes: int,
     pods: int,
@@ -73,6 +103,7 @@ def run(
     plans: int,
     max_reservations: int,
     waiting_gangs: int | None,
+    churn: int,
     clock: Clock,
 ) -> str:
     table = _Table([])
@@ -80,7 +111,7 @@ def run(
         path = Path(tmp) / "fleet.json"
         bound, pending = write_fleet(path, nodes, pods, seed)
         node_states, pod_infos = _convert(load_objects(path))
-    pod_infos = _few_gangs(pod_infos, waiting_gangs)
+    pod_infos = _started(_few_gangs(pod_infos, waiting_gangs))
     cache = ClusterCache(clock)
     cache.replace_nodes(node_states)
     cache.replace_pods(pod_infos)
@@ -97,7 +128,7 @@ def run(
     _, lap = _timed(clock, lambda: holdings(snapshot, NOW))
     table.add("part: pods holding GPUs per node (holdings)", lap.ms())
     with short_pauses(clock):  # the collector as the server runs it (server.heap)
-        _plans(cache, config, rules, plans, clock, table)
+        _plans(cache, config, rules, (plans, churn), clock, table)
     return table.render()
 
 
@@ -105,16 +136,20 @@ def _plans(  # noqa: PLR0917 - run's state
     cache: ClusterCache,
     config: ExtenderConfig,
     rules: HoldRules,
-    plans: int,
+    counts: tuple[int, int],
     clock: Clock,
     table: _Table,
 ) -> None:
+    plans, churn = counts
     held: dict[GangId, Hold] = {}
+    memo = PlanMemo(config)  # kept from one plan to the next, as Reserver keeps it
+    turn = count(0)
 
     def plan() -> int:
-        # what Reserver.plan does, the awaits left out
+        # what Reserver.plan does, the awaits left out, INTERVAL after the last plan
+        now = NOW + next(turn) * INTERVAL
         now_held = cache.snapshot()
-        holds = next_holds(now_held, config, rules, held, NOW)
+        holds = next_holds(now_held, config, rules, held, now, memo=memo)
         idle_gpus(now_held, holds.held.values())
         cache.promise(holds.promises())
         held.clear()
@@ -122,8 +157,10 @@ def _plans(  # noqa: PLR0917 - run's state
         return len(holds.held)
 
     for number in range(1, plans + 1):
-        count, lap = _timed(clock, plan)
-        table.add(f"plan {number}: next_holds + idle GPUs + promise ({count} held)", lap.ms())
+        if number > 1:  # (untimed) what changed since the last plan
+            _churn(cache, churn, number, NOW + (number - 1) * INTERVAL)
+        found, lap = _timed(clock, plan)
+        table.add(f"plan {number}: next_holds + idle GPUs + promise ({found} held)", lap.ms())
     table.add("", "")
     for where in ("on the event loop", "in a worker thread (extender.reserving)"):
         stall = asyncio.run(_loop_stall(plan, threaded=where.startswith("in"), clock=clock))
@@ -166,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", type=int, default=5)
     parser.add_argument("--max-reservations", type=int, default=4)
     parser.add_argument(
+        "--churn",
+        type=int,
+        default=100,
+        help="bound pods restarted between two plans (default 100)",
+    )
+    parser.add_argument(
         "--waiting-gangs",
         type=int,
         default=8,
@@ -180,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             plans=args.plans,
             max_reservations=args.max_reservations,
             waiting_gangs=None if args.waiting_gangs < 0 else args.waiting_gangs,
+            churn=args.churn,
             clock=SystemClock(),
         )
     )

@@ -32,6 +32,7 @@ from cluster.model import (
 from cluster.snapshot import apply_allocation
 from extender.config import ExtenderConfig
 from extender.context import FIT, Unfit
+from extender.holdings import holdings
 from extender.outlooks import ANYWHERE, Holding, Outlook, node_outlook
 from extender.promises import (
     backfill_verdict,
@@ -47,7 +48,6 @@ from extender.reservations import (
     ReservationRules,
     estimate_domain,
     gang_demands,
-    holdings,
     node_promises,
     plan_reservations,
 )
