@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from html import escape
 
 from cluster.svg import Series, line_chart, page_head
-from console.capacity_range import RangeReport, wait_text
+from console.capacity_range import QUEUE_COLUMNS, RangeReport, queue_cells
 
 
 def _points(
@@ -69,42 +69,13 @@ def charts(report: RangeReport) -> tuple[str, str, str]:
     return waits, usage, lending
 
 
-_HEADS = (
-    "CLUSTERQUEUE",
-    "COHORT",
-    "NOMINAL",
-    "WAIT-P90",
-    "ADMITTED",
-    "PENDING",
-    "BORROWED",
-    "BORROWED-MAX",
-    "LENT",
-)
-
-
 def _cell(value: object) -> str:
     return f"<td>{escape('-' if value is None else str(value))}</td>"
 
 
 def _queue_rows(report: RangeReport) -> str:
     return "".join(
-        "<tr>"
-        + "".join(
-            _cell(v)
-            for v in (
-                q.name,
-                q.cohort,
-                round(q.nominal),
-                None if q.wait_p90_s is None else wait_text(q.wait_p90_s),
-                q.admitted,
-                round(q.pending_mean, 1),
-                round(q.borrowed_mean, 1),
-                round(q.borrowed_max, 1),
-                round(q.lent_mean, 1),
-            )
-        )
-        + "</tr>"
-        for q in report.queues
+        "<tr>" + "".join(_cell(v) for v in queue_cells(q)) + "</tr>" for q in report.queues
     )
 
 
@@ -135,7 +106,7 @@ def html_page(report: RangeReport, title: str, facts: Sequence[tuple[str, str]])
 <table class="facts">{fact_rows}<tr><th>Allocation</th><td>{escape(allocated)}</td></tr></table>
 <h2>Recommendations</h2><ul>{advice}</ul>
 <h2>Queues</h2>
-<table><tr>{"".join(f"<th>{h}</th>" for h in _HEADS)}</tr>{_queue_rows(report)}</table>
+<table><tr>{"".join(f"<th>{h}</th>" for h in QUEUE_COLUMNS)}</tr>{_queue_rows(report)}</table>
 <div class="grid">{waits}{usage}{lending}</div>
 <h2>Free GPUs stranded per product</h2>
 <table><tr><th>product</th><th>stranded</th></tr>{fragmentation}</table>

@@ -390,3 +390,32 @@ def parse_range(data: Any, start: float, step_s: float, steps: int) -> list[Seri
                 values[index] = value
         found.append((labels, tuple(values)))
     return found
+
+
+QUEUE_COLUMNS: Final = (
+    "CLUSTERQUEUE",
+    "COHORT",
+    "NOMINAL",
+    "WAIT-P90",
+    "ADMITTED",
+    "PENDING",
+    "BORROWED",
+    "BORROWED-MAX",
+    "LENT",
+)
+"""The queues' table, as the terminal and the HTML page both show it (``queue_cells``)."""
+
+
+def queue_cells(q: QueueRange) -> tuple[object, ...]:
+    """One ClusterQueue's row under ``QUEUE_COLUMNS`` (None: no figure)."""
+    return (
+        q.name,
+        q.cohort,
+        round(q.nominal),
+        None if q.wait_p90_s is None else wait_text(q.wait_p90_s),
+        q.admitted,
+        round(q.pending_mean, 1),
+        round(q.borrowed_mean, 1),
+        round(q.borrowed_max, 1),
+        round(q.lent_mean, 1),
+    )

@@ -20,7 +20,14 @@ from cluster import jsonio
 from cluster.clock import Clock
 from console import render
 from console.capacity_html import html_page
-from console.capacity_range import QUERIES, RangeReport, range_report, wait_text
+from console.capacity_range import (
+    QUERIES,
+    QUEUE_COLUMNS,
+    RangeReport,
+    queue_cells,
+    range_report,
+    wait_text,
+)
 from console.capacity_run import run_series
 from console.output import ConsoleError, Output, json_text
 from console.prometheus import query_ranges
@@ -115,33 +122,7 @@ def range_text_of(report: RangeReport, range_text: str) -> str:
 def report_text(report: RangeReport, heading: str) -> str:
     parts = [
         f"{heading}\n\n",
-        render.table(
-            (
-                "CLUSTERQUEUE",
-                "COHORT",
-                "NOMINAL",
-                "WAIT-P90",
-                "ADMITTED",
-                "PENDING",
-                "BORROWED",
-                "BORROWED-MAX",
-                "LENT",
-            ),
-            [
-                (
-                    q.name,
-                    q.cohort,
-                    round(q.nominal),
-                    wait_text(q.wait_p90_s) if q.wait_p90_s is not None else None,
-                    q.admitted,
-                    round(q.pending_mean, 1),
-                    round(q.borrowed_mean, 1),
-                    round(q.borrowed_max, 1),
-                    round(q.lent_mean, 1),
-                )
-                for q in report.queues
-            ],
-        ),
+        render.table(QUEUE_COLUMNS, [queue_cells(q) for q in report.queues]),
     ]
     if report.utilisation is not None:
         parts.append(
