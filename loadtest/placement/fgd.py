@@ -23,30 +23,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from loadtest.inputs.asks import PodAsk
+
 MILLI: Final = 1000
 BESTFIT_CPU_SCALE: Final = 128_000
 BESTFIT_GPU_SCALE: Final = 8_000
 MAX_SCORE: Final = 100
-
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """What a pod asks for, as the method sees it: ``num_gpu`` GPUs of ``gpu_milli``
-    each (a share is one GPU of < 1000), CPU, memory and the GPU models it accepts."""
-
-    cpu_milli: int
-    memory_mib: int
-    num_gpu: int
-    gpu_milli: int
-    gpu_spec: tuple[str, ...] = ()
-
-    @property
-    def gpu_demand(self) -> int:
-        """Milli-GPUs the pod adds to the arrived (and, once placed, allocated) total."""
-        return self.num_gpu * self.gpu_milli
-
-    def accepts(self, model: str) -> bool:
-        return not self.gpu_spec or model in self.gpu_spec
 
 
 # ---------------------------------------------------------------- the sequence
@@ -164,7 +146,7 @@ class Typical:
     weight: float
 
 
-def typical_shapes(shapes: Iterable[Shape], threshold: float = 0.95) -> tuple[Typical, ...]:
+def typical_shapes(shapes: Iterable[PodAsk], threshold: float = 0.95) -> tuple[Typical, ...]:
     """The most popular (CPU, milli per GPU, GPUs, models) of the trace that together
     cover ``threshold`` of its pods, weights renormalized: the artifact's typical pods
     (CPU-only pods included, popularity 95 %, step 1)."""
@@ -230,7 +212,7 @@ def fgd_choice(
     frees: Sequence[int],
     cpu_free: int,
     model: str,
-    shape: Shape,
+    shape: PodAsk,
     typical: Sequence[Typical],
     *,
     integer: bool = True,

@@ -24,9 +24,9 @@ from extender.filters import run_filters
 from extender.gpus import choose_gpus
 from extender.memo import DecisionCache
 from extender.scores import score_node
+from loadtest.inputs.asks import PodAsk
 from loadtest.inputs.traces import TraceNode, TracePod
 from loadtest.placement import fgd
-from loadtest.placement.fgd import Shape
 
 MIB: Final = 1024 * 1024
 MAX_PODS_PER_NODE: Final = 1001
@@ -69,7 +69,7 @@ class Cluster:
             gpus=[[fgd.MILLI] * n.gpus for n in nodes],
         )
 
-    def fits(self, n: int, s: Shape) -> bool:
+    def fits(self, n: int, s: PodAsk) -> bool:
         """kube-scheduler's NodeResourcesFit plus the GPU model and GPU fit of the method."""
         if self.cpu[n] < s.cpu_milli or self.mem[n] < s.memory_mib or self.pods[n] < 1:
             return False
@@ -80,7 +80,7 @@ class Cluster:
         m = s.gpu_milli
         return sum(1 for f in self.gpus[n] if f >= m) >= s.num_gpu
 
-    def take(self, n: int, s: Shape, indices: Sequence[int]) -> None:
+    def take(self, n: int, s: PodAsk, indices: Sequence[int]) -> None:
         self.cpu[n] -= s.cpu_milli
         self.mem[n] -= s.memory_mib
         self.pods[n] -= 1
@@ -109,7 +109,7 @@ def node_state(
     )
 
 
-def demand_of(s: Shape) -> PodDemand:
+def demand_of(s: PodAsk) -> PodDemand:
     """The extender's view of a trace pod: whole GPUs, or one share; models as products."""
     whole = s.num_gpu > 0 and s.gpu_milli >= fgd.MILLI
     return PodDemand(
@@ -121,8 +121,8 @@ def demand_of(s: Shape) -> PodDemand:
     )
 
 
-def shape_of(pod: TracePod) -> Shape:
-    return Shape(pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, pod.gpu_spec)
+def shape_of(pod: TracePod) -> PodAsk:
+    return PodAsk(pod.cpu_milli, pod.memory_mib, pod.num_gpu, pod.gpu_milli, pod.gpu_spec)
 
 
 # ---------------------------------------------------------------- policies
@@ -138,12 +138,12 @@ class Policy(Protocol):
     answer: scores spread over 1..10 across the fitting nodes (``decide.wire_scores``),
     the best wire score wins, ties by rank (kube-scheduler picks among them at random)."""
 
-    def score(self, c: Cluster, n: int, s: Shape) -> float | None: ...
+    def score(self, c: Cluster, n: int, s: PodAsk) -> float | None: ...
 
-    def choose(self, c: Cluster, n: int, s: Shape) -> list[int]: ...
+    def choose(self, c: Cluster, n: int, s: PodAsk) -> list[int]: ...
 
 
-def baseline_choice(c: Cluster, n: int, s: Shape) -> list[int]:
+def baseline_choice(c: Cluster, n: int, s: PodAsk) -> list[int]:
     """README rule 7: the tightest GPU for a share, the lowest-index free GPUs else."""
     if s.num_gpu == 0:
         return []
@@ -163,10 +163,10 @@ class BestFit:
     name: str = "bestfit"
     select: Select = "best"
 
-    def score(self, c: Cluster, n: int, s: Shape) -> float | None:
+    def score(self, c: Cluster, n: int, s: PodAsk) -> float | None:
         return fgd.bestfit_score(c.cpu[n], s.cpu_milli, sum(c.gpus[n]), s.gpu_demand)
 
-    def choose(self, c: Cluster, n: int, s: Shape) -> list[int]:
+    def choose(self, c: Cluster, n: int, s: PodAsk) -> list[int]:
         return baseline_choice(c, n, s)
 
 
@@ -177,14 +177,14 @@ class Spread:
     name: str = "spread"
     select: Select = "best"
 
-    def score(self, c: Cluster, n: int, s: Shape) -> float | None:
+    def score(self, c: Cluster, n: int, s: PodAsk) -> float | None:
         return fgd.spread_score(
             (c.cpu[n], c.mem[n], sum(c.gpus[n])),
             (s.cpu_milli, s.memory_mib, s.gpu_demand),
             (c.cpu_cap[n], c.mem_cap[n], fgd.MILLI * len(c.gpus[n])),
         )
 
-    def choose(self, c: Cluster, n: int, s: Shape) -> list[int]:
+    def choose(self, c: Cluster, n: int, s: PodAsk) -> list[int]:
         return baseline_choice(c, n, s)
 
 
@@ -193,10 +193,10 @@ class RandomFit:
     name: str = "random"
     select: Select = "random"
 
-    def score(self, c: Cluster, n: int, s: Shape) -> float | None:
+    def score(self, c: Cluster, n: int, s: PodAsk) -> float | None:
         return 0.0
 
-    def choose(self, c: Cluster, n: int, s: Shape) -> list[int]:
+    def choose(self, c: Cluster, n: int, s: PodAsk) -> list[int]:
         return baseline_choice(c, n, s)
 
 
@@ -210,7 +210,7 @@ class Fgd:
     select: Select = "best"
     memo: dict[tuple[Any, ...], tuple[float, list[int]] | None] = field(default_factory=dict)
 
-    def _choice(self, c: Cluster, n: int, s: Shape) -> tuple[float, list[int]] | None:
+    def _choice(self, c: Cluster, n: int, s: PodAsk) -> tuple[float, list[int]] | None:
         key = (c.models[n], tuple(c.gpus[n]), c.cpu[n], s.cpu_milli, s.num_gpu, s.gpu_milli)
         found = self.memo.get(key, False)
         if found is False:
@@ -219,11 +219,11 @@ class Fgd:
             )
         return found  # type: ignore[return-value]
 
-    def score(self, c: Cluster, n: int, s: Shape) -> float | None:
+    def score(self, c: Cluster, n: int, s: PodAsk) -> float | None:
         found = self._choice(c, n, s)
         return None if found is None else found[0]
 
-    def choose(self, c: Cluster, n: int, s: Shape) -> list[int]:
+    def choose(self, c: Cluster, n: int, s: PodAsk) -> list[int]:
         found = self._choice(c, n, s)
         if found is None:
             raise AssertionError("a fitting node has an FGD choice")
@@ -248,13 +248,13 @@ class Tessera:
     scale: float = 10.0
     """Method score = floor(scale * score_node): 10 maps the extender's 0..10 onto 0..100."""
     select: Select = "best"
-    contexts: dict[Shape, PodContext] = field(default_factory=dict)
+    contexts: dict[PodAsk, PodContext] = field(default_factory=dict)
     memo: dict[tuple[Any, ...], tuple[float, tuple[int, ...]] | None] = field(default_factory=dict)
     decisions: DecisionCache | None = None
     """The extender's decision cache of ``config``, made with the first context. It keeps
     nothing: every decision here is on a fresh ``NodeState``, and ``memo`` keeps them."""
 
-    def _context(self, s: Shape) -> PodContext:
+    def _context(self, s: PodAsk) -> PodContext:
         ctx = self.contexts.get(s)
         if ctx is None:
             if self.decisions is None:
@@ -268,7 +268,7 @@ class Tessera:
             )
         return ctx
 
-    def _decide(self, c: Cluster, n: int, s: Shape) -> tuple[float, tuple[int, ...]] | None:
+    def _decide(self, c: Cluster, n: int, s: PodAsk) -> tuple[float, tuple[int, ...]] | None:
         cpu = c.cpu[n] if self.free_cpu else c.cpu_cap[n]
         # everything the extender's decision reads of this node and pod: equal keys,
         # equal decisions (many nodes share a model, a size and a state)
@@ -286,11 +286,11 @@ class Tessera:
         self.memo[key] = found
         return found
 
-    def score(self, c: Cluster, n: int, s: Shape) -> float | None:
+    def score(self, c: Cluster, n: int, s: PodAsk) -> float | None:
         found = self._decide(c, n, s)
         return None if found is None else found[0]
 
-    def choose(self, c: Cluster, n: int, s: Shape) -> list[int]:
+    def choose(self, c: Cluster, n: int, s: PodAsk) -> list[int]:
         found = self._decide(c, n, s)
         if found is None:
             raise AssertionError("a node that passed the extender's filters has GPUs")

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from cluster import jsonio
+from loadtest.inputs.asks import PodAsk
 from loadtest.inputs.seeds import parse_seeds
 from loadtest.inputs.traces import (
     DEFAULT_DATA_DIR,
@@ -49,7 +50,6 @@ from loadtest.inputs.traces import (
     trace_file,
 )
 from loadtest.placement import fgd
-from loadtest.placement.fgd import Shape
 from loadtest.placement.policies import NO_FIT, POLICIES, Cluster, Key, Policy, shape_of
 
 REPORT_AT: Final = (100, 110, 120, 130)
@@ -92,7 +92,7 @@ class Played:
     cluster: Cluster
 
 
-def kind(s: Shape) -> str:
+def kind(s: PodAsk) -> str:
     if s.num_gpu == 0:
         return "cpu"
     return "share" if s.gpu_milli < fgd.MILLI else f"{s.num_gpu}gpu"
@@ -100,7 +100,7 @@ def kind(s: Shape) -> str:
 
 def play(
     cluster: Cluster,
-    sequence: Sequence[Shape],
+    sequence: Sequence[PodAsk],
     policy: Policy,
     tie: Sequence[int],
     pick_rng: random.Random,
@@ -109,7 +109,7 @@ def play(
     (higher wins), ``pick_rng`` serves randomized policies."""
     count = len(cluster.names)
     changes: list[int] = []
-    rows: dict[Shape, tuple[list[Key], list[int]]] = {}
+    rows: dict[PodAsk, tuple[list[Key], list[int]]] = {}
     arrived = allocated = skipped_milli = 0
     skipped: dict[str, int] = {}
     points: list[tuple[int, int]] = []

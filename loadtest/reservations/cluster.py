@@ -30,9 +30,10 @@ from typing import Final
 from cluster.labels import GFD_PRODUCT, HOSTNAME
 from cluster.model import Allocation, GpuDevice, NodeName, NodeState
 from extender.outlooks import Holding
+from loadtest.inputs.asks import PodAsk
 from loadtest.inputs.fleet import RACK_LABEL
 from loadtest.inputs.traces import TraceNode
-from loadtest.reservations.workload import GANG_GPUS, GANG_MEMBER, MILLI, Ask, Job
+from loadtest.reservations.workload import GANG_GPUS, GANG_MEMBER, MILLI, Job
 
 EPOCH: Final = datetime(2026, 1, 1, tzinfo=UTC)
 """Second 0 of a run, as the extender's code reads times."""
@@ -91,7 +92,7 @@ class SimCluster:
         self._groups(nodes)
         self._racks(racks)
         self._views: dict[int, tuple[int, NodeState, tuple[Holding, ...]]] = {}
-        self._ever: dict[Ask, bool] = {}
+        self._ever: dict[PodAsk, bool] = {}
         self._held: dict[int, Holding] = {}
         self._gpus: dict[tuple[int, int], GpuDevice] = {}
 
@@ -168,7 +169,7 @@ class SimCluster:
 
     # ------------------------------------------------------------ taking and giving back
 
-    def take(self, n: int, ask: Ask, indices: Sequence[int], run: Run) -> None:
+    def take(self, n: int, ask: PodAsk, indices: Sequence[int], run: Run) -> None:
         self._index(n, -1)
         frees = self.free[n]
         for i in indices:
@@ -204,11 +205,11 @@ class SimCluster:
 
     # ------------------------------------------------------------ where a pod fits
 
-    def room(self, n: int, ask: Ask) -> bool:
+    def room(self, n: int, ask: PodAsk) -> bool:
         """CPU and memory for ``ask`` on ``n`` (GPUs are the indexes' business)."""
         return self.cpu[n] >= ask.cpu_milli and self.mem[n] >= ask.memory_mib
 
-    def fits(self, n: int, ask: Ask) -> bool:
+    def fits(self, n: int, ask: PodAsk) -> bool:
         """Whether ``ask`` fits on node ``n`` now."""
         if not self.room(n, ask) or (ask.gpu_spec and self.models[n] not in ask.gpu_spec):
             return False
@@ -216,7 +217,7 @@ class SimCluster:
             return self.whole[n] >= ask.num_gpu
         return any(f >= ask.gpu_milli for f in self.free[n])
 
-    def ever_fits(self, ask: Ask) -> bool:
+    def ever_fits(self, ask: PodAsk) -> bool:
         """Whether some node could hold ``ask`` if it were empty."""
         found = self._ever.get(ask)
         if found is None:
@@ -237,7 +238,9 @@ class SimCluster:
             )
         return found
 
-    def best_single(self, ask: Ask, allowed: Allowed | None) -> tuple[int, tuple[int, ...]] | None:
+    def best_single(
+        self, ask: PodAsk, allowed: Allowed | None
+    ) -> tuple[int, tuple[int, ...]] | None:
         """Node and GPUs for one pod by best fit (see the module docstring), on nodes
         ``allowed`` lets it use; None when none holds it."""
         groups = self._groups_for(ask.gpu_spec)
@@ -248,7 +251,7 @@ class SimCluster:
         return self._best_whole(groups, ask, ask.num_gpu if ask.whole else 1, allowed)
 
     def _best_whole(
-        self, groups: Sequence[int], ask: Ask, k: int, allowed: Allowed | None
+        self, groups: Sequence[int], ask: PodAsk, k: int, allowed: Allowed | None
     ) -> tuple[int, tuple[int, ...]] | None:
         largest = max((self.group_keys[g][1] for g in groups), default=0)
         for w in range(k, largest + 1):
@@ -263,7 +266,7 @@ class SimCluster:
         return None
 
     def _best_share(
-        self, groups: Sequence[int], ask: Ask, allowed: Allowed | None
+        self, groups: Sequence[int], ask: PodAsk, allowed: Allowed | None
     ) -> tuple[int, tuple[int, ...]] | None:
         m = ask.gpu_milli
         for f, g in self._partial_from(groups, m):

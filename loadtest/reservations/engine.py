@@ -200,7 +200,7 @@ def _steady(sim: SimCluster, drawn: Iterator[Warm], spec: WorkloadSpec) -> list[
             misses += 1
             continue
         misses = 0
-        held[job.gang] += job.members * job.ask.milli
+        held[job.gang] += job.members * job.ask.gpu_demand
         kept.append(warm)
     return kept
 

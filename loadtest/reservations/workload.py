@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Final
 
+from loadtest.inputs.asks import PodAsk
 from loadtest.inputs.traces import TraceNode, TracePod
 
 RACK_NODES: Final = 8
@@ -46,28 +47,7 @@ GANG_MEMORY_MIB: Final = 262_144
 MILLI: Final = 1000
 
 
-@dataclass(frozen=True, slots=True)
-class Ask:
-    """What one pod asks for: ``num_gpu`` GPUs of ``gpu_milli`` each (a share is one GPU
-    of less than 1000), CPU, memory and the GPU models it accepts (empty: any)."""
-
-    cpu_milli: int
-    memory_mib: int
-    num_gpu: int
-    gpu_milli: int
-    gpu_spec: tuple[str, ...] = ()
-
-    @property
-    def whole(self) -> bool:
-        return self.gpu_milli >= MILLI
-
-    @property
-    def milli(self) -> int:
-        """GPU capacity the pod takes, in milli-GPUs."""
-        return self.num_gpu * self.gpu_milli
-
-
-GANG_MEMBER: Final = Ask(GANG_CPU_MILLI, GANG_MEMORY_MIB, GANG_GPUS, MILLI)
+GANG_MEMBER: Final = PodAsk(GANG_CPU_MILLI, GANG_MEMORY_MIB, GANG_GPUS, MILLI)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +57,7 @@ class Job:
 
     id: int
     arrival: float
-    ask: Ask
+    ask: PodAsk
     members: int
     duration: float
     limit_s: int
@@ -136,7 +116,7 @@ class WorkloadSpec:
 class TraceJob:
     """A trace pod as the study plays it: what it asks for and how long it runs."""
 
-    ask: Ask
+    ask: PodAsk
     duration: float
 
 
@@ -148,13 +128,13 @@ def trace_jobs(pods: Sequence[TracePod], max_hours: float) -> list[TraceJob]:
     """The trace's GPU pods with their durations (see the module docstring)."""
     cap = max_hours * 3600.0
     found: list[TraceJob] = []
-    asks: dict[Ask, Ask] = {}
+    asks: dict[PodAsk, PodAsk] = {}
     for pod in pods:
         if not pod.num_gpu or pod.creation_time is None or pod.deletion_time is None:
             continue
         # multi-GPU pods ask for whole GPUs (the FGD method's reading of the trace)
         milli = MILLI if pod.num_gpu > 1 else pod.gpu_milli
-        ask = Ask(pod.cpu_milli, pod.memory_mib, pod.num_gpu, milli, pod.gpu_spec)
+        ask = PodAsk(pod.cpu_milli, pod.memory_mib, pod.num_gpu, milli, pod.gpu_spec)
         ask = asks.setdefault(ask, ask)  # one object per shape: cheap to key on
         lived = float(max(1, pod.deletion_time - pod.creation_time))
         found.append(TraceJob(ask, min(cap, lived)))
@@ -181,7 +161,7 @@ class Rates:
 def rates(pool: Sequence[TraceJob], gpus: int, spec: WorkloadSpec) -> Rates:
     """The rates that offer ``spec.load`` of ``gpus`` GPUs' time, ``gang_share`` of it
     in gangs (see the module docstring)."""
-    per_single = sum(j.ask.milli / MILLI * j.duration for j in pool) / len(pool)
+    per_single = sum(j.ask.gpu_demand / MILLI * j.duration for j in pool) / len(pool)
     mean_duration = sum(j.duration for j in pool) / len(pool)
     per_gang = GANG_GPUS * (sum(GANG_SIZES) / len(GANG_SIZES)) * mean_duration
     offered = spec.load * gpus

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cluster import jsonio
+from loadtest.inputs.asks import PodAsk
 from loadtest.inputs.traces import (
     DEFAULT_DATA_DIR,
     TraceMissing,
@@ -24,7 +25,6 @@ from loadtest.reservations.cluster import SimCluster
 from loadtest.reservations.engine import RunResult, play, simulate
 from loadtest.reservations.workload import (
     GANG_MEMBER,
-    Ask,
     Job,
     Warm,
     WorkloadSpec,
@@ -32,8 +32,8 @@ from loadtest.reservations.workload import (
     trace_jobs,
 )
 
-HALF = Ask(cpu_milli=8000, memory_mib=16384, num_gpu=4, gpu_milli=1000)
-WHOLE = Ask(cpu_milli=8000, memory_mib=16384, num_gpu=8, gpu_milli=1000)
+HALF = PodAsk(cpu_milli=8000, memory_mib=16384, num_gpu=4, gpu_milli=1000)
+WHOLE = PodAsk(cpu_milli=8000, memory_mib=16384, num_gpu=8, gpu_milli=1000)
 GANG = 1000
 SHORT = 2000
 
@@ -47,7 +47,9 @@ def small_cluster() -> SimCluster:
     return SimCluster([hgx("n0"), hgx("n1"), hgx("x")], ["r", "r", "s"])
 
 
-def job(number: int, at: float, ask: Ask, duration: float, limit: int, *, members: int = 1) -> Job:
+def job(
+    number: int, at: float, ask: PodAsk, duration: float, limit: int, *, members: int = 1
+) -> Job:
     return Job(number, at, ask, members, duration, limit)
 
 

@@ -17,10 +17,10 @@ from cluster.model import PodKey
 from extender.config import ExtenderConfig, mix_from_demands
 from extender.context import PodContext
 from extender.scores import score_node
+from loadtest.inputs.asks import PodAsk
 from loadtest.inputs.seeds import parse_seeds
 from loadtest.inputs.traces import TraceNode, node_object
 from loadtest.placement import fgd
-from loadtest.placement.fgd import Shape
 from loadtest.placement.policies import (
     NO_FIT,
     NOW,
@@ -35,11 +35,11 @@ from loadtest.placement.policies import (
 )
 from loadtest.placement.study import play, wire_best
 
-CPU_POD = Shape(cpu_milli=4000, memory_mib=1024, num_gpu=0, gpu_milli=0)
+CPU_POD = PodAsk(cpu_milli=4000, memory_mib=1024, num_gpu=0, gpu_milli=0)
 
 
-def gpu_pod(num: int = 1, milli: int = 1000, cpu: int = 4000, spec: tuple[str, ...] = ()) -> Shape:
-    return Shape(cpu_milli=cpu, memory_mib=1024, num_gpu=num, gpu_milli=milli, gpu_spec=spec)
+def gpu_pod(num: int = 1, milli: int = 1000, cpu: int = 4000, spec: tuple[str, ...] = ()) -> PodAsk:
+    return PodAsk(cpu_milli=cpu, memory_mib=1024, num_gpu=num, gpu_milli=milli, gpu_spec=spec)
 
 
 def tnode(name: str, gpus: int = 1, model: str = "T4", cpu: int = 32000) -> TraceNode:
@@ -48,7 +48,7 @@ def tnode(name: str, gpus: int = 1, model: str = "T4", cpu: int = 32000) -> Trac
 
 def run(
     nodes: Sequence[TraceNode],
-    pods: Sequence[Shape],
+    pods: Sequence[PodAsk],
     policy: Policy | None = None,
     tie: Sequence[int] | None = None,
 ) -> tuple[list[tuple[int, int]], dict[str, int], Cluster]:
@@ -271,7 +271,7 @@ def test_tessera_keeps_a_whole_node_free_for_a_big_pod() -> None:
     ],
 )
 def test_the_harness_scores_nodes_as_the_extenders_score_node(
-    frees: list[int], shape: Shape
+    frees: list[int], shape: PodAsk
 ) -> None:
     config = ExtenderConfig(pod_mix=mix_from_demands([demand_of(gpu_pod(milli=500))] * 3))
     harness = Cluster.of(
