@@ -15,7 +15,7 @@ promise's start is unknown (a reservation waiting on pods without a time limit).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 from cluster.model import GangId, Promise
@@ -54,6 +54,12 @@ def promise_verdict(
     return _reserved(promise, node, ends, now)
 
 
+def binding(promises: Iterable[Promise], pod_gang: GangId | None) -> Iterator[Promise]:
+    """The promises a pod of gang ``pod_gang`` (None: of none) must end before: all but
+    its own gang's reservation, which is for it."""
+    return (p for p in promises if p.gang is None or p.gang != pod_gang)
+
+
 def backfill_verdict(
     node: str,
     promises: Sequence[Promise],
@@ -66,9 +72,7 @@ def backfill_verdict(
     """Whether a pod whose time limit ends at ``ends`` may start on ``node`` under its
     ``promises`` (``reservations.node_promises``): it must end by every one of them, but
     its own gang's reservation, which is for it."""
-    for promise in promises:
-        if promise.gang is not None and promise.gang == pod_gang:
-            continue
+    for promise in binding(promises, pod_gang):
         verdict = promise_verdict(promise, node, ends, limit_s, now)
         if verdict is not FIT:
             return verdict

@@ -65,6 +65,7 @@ from extender.holds import (
 )
 from extender.learning import LiveConfig
 from extender.metrics import ExtenderMetrics
+from extender.promises import binding
 
 log = logging.getLogger(__name__)
 
@@ -290,4 +291,4 @@ def backfilled(snapshot: Snapshot, pod: PodInfo, node: str) -> bool:
     if not held:
         return False
     gang = pod.demand.gang
-    return any(p.gang is not None and (gang is None or p.gang != gang.id) for p in held)
+    return any(p.gang is not None for p in binding(held, None if gang is None else gang.id))
