@@ -56,6 +56,10 @@ class Connection(asyncio.Protocol):
         self.guard = guard
         self.inner = inner
         self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The loop that made the connection, kept because asking for it costs a
+        ``getpid()`` each time on Python 3.11, which showed in the profile of a busy
+        webhook (three asks per request)."""
         self.state = _State.HEAD
         self.buf = bytearray()
         """Bytes not handed on: a head being read, or what came after the request in
@@ -92,6 +96,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.loop = asyncio.get_running_loop()
         self.inner.connection_made(transport)
         self.guard.register(self.inner, self)
         # a new connection owes its first head at once (the TLS handshake had its own bound)
@@ -282,7 +287,7 @@ class Connection(asyncio.Protocol):
         )
         self.body = bytearray()
         self.state = _State.CALLING
-        guard.call(self._answer(cast(Route, self.route), call, head))
+        guard.track(self._loop().create_task(self._answer(cast(Route, self.route), call, head)))
 
     async def _answer(self, route: Route, call: Call, head: Head) -> None:
         """Run the route, write its reply, then go on to the next request (if the
@@ -314,7 +319,7 @@ class Connection(asyncio.Protocol):
         self._next()
         if self.state is _State.HEAD and not self.buf:
             idle_s = guard.limits.idle_timeout_s
-            self.idle = asyncio.get_running_loop().call_later(idle_s, self._idle_timed_out)
+            self.idle = self._loop().call_later(idle_s, self._idle_timed_out)
 
     def _wake(self) -> None:
         if self.idle is not None:
@@ -411,9 +416,12 @@ class Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------ timers
 
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        return self.loop if self.loop is not None else asyncio.get_running_loop()
+
     def _arm(self, delay: float, callback: Callable[[], None]) -> None:
         self._disarm()
-        self.timer = asyncio.get_running_loop().call_later(delay, callback)
+        self.timer = self._loop().call_later(delay, callback)
 
     def _disarm(self) -> None:
         if self.timer is not None:

@@ -65,8 +65,8 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Final, cast
+from collections.abc import Awaitable, Callable
+from typing import Final, cast
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -309,9 +309,8 @@ class ConnectionGuard:
             return None  # aiohttp refuses it, in the server's own words
         return self._routes.get((head.method, head.path))
 
-    def call(self, answer: Coroutine[Any, Any, None]) -> None:
-        """Run a route's call (``Connection``'s) as a task that drain can cancel."""
-        task = asyncio.get_running_loop().create_task(answer)
+    def track(self, task: asyncio.Task[None]) -> None:
+        """A route's call (``Connection``'s task), for drain to cancel."""
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
 
