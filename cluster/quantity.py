@@ -66,19 +66,21 @@ class QuantityError(ValueError):
         self.value = value
 
 
-def parse_quantity(value: str | int | float) -> Fraction:
+def parse_quantity(value: object) -> Fraction:
     """The exact value of a quantity, as the API server would store it.
 
     ``value`` is a string in the quantity grammar, or a JSON number (orjson gives an
     ``int`` or a ``float``; the API accepts unquoted numbers too). Raises
-    ``QuantityError`` for anything the grammar does not allow.
+    ``QuantityError`` for anything else: what the grammar does not allow, and any other
+    JSON value (``true``, ``null``, a list or a map), which is why ``value`` is typed as
+    anything, not as what it should be.
     """
     if isinstance(value, int) and not isinstance(value, bool):
         return Fraction(value)
     return Fraction(to_nanos(value), NANO_PER_UNIT)
 
 
-def to_nanos(value: str | int | float) -> int:
+def to_nanos(value: object) -> int:
     """The quantity in nano-units (``parse_quantity(value) * 10**9``), always whole.
 
     Every stored quantity is a whole number of nano-units, so sums of requests can be
@@ -104,7 +106,7 @@ def to_nanos(value: str | int | float) -> int:
     raise QuantityError(value, f"expected a string or a number, got {type(value).__name__}")
 
 
-def to_milli(value: str | int | float) -> int:
+def to_milli(value: object) -> int:
     """Thousandths of the quantity, rounded away from zero (``Quantity.MilliValue``).
 
     For CPU: ``500m`` → 500, ``2`` → 2000, ``0.1m`` → 1.
@@ -112,7 +114,7 @@ def to_milli(value: str | int | float) -> int:
     return nanos_to(to_nanos(value), 1000)
 
 
-def to_units(value: str | int | float) -> int:
+def to_units(value: object) -> int:
     """The quantity as a whole number, rounded away from zero (``Quantity.Value``).
 
     For bytes and counts: ``1Gi`` → 1073741824, ``1.5`` → 2, ``500m`` → 1.
