@@ -45,7 +45,7 @@ from prometheus_client.registry import Collector
 from cluster import logs
 from cluster.clock import Clock, SystemClock
 from cluster.echo import echo
-from server import heap
+from server import compiled, heap
 from server.direct import Call, Reply, Route
 from server.guard import CANCEL_WAIT_S, DEADLINE, ConnectionGuard, TimeoutOf
 from server.serving_settings import Limits, ServingSettings
@@ -391,7 +391,13 @@ def run(
     fatal: tuple[type[BaseException], ...],
 ) -> int:
     """Run ``main`` on uvloop: 0 when it ends (or on Ctrl-C), 1 with one line on stderr
-    for an error in ``fatal`` (a file that cannot be read, a port in use)."""
+    for an error in ``fatal`` (a file that cannot be read, a port in use), or for a
+    compiled module older than its source (``server.compiled``)."""
+    edited = compiled.stale()
+    if edited:
+        main.close()
+        print(f"{prog}: {compiled.stale_message(edited)}", file=sys.stderr)
+        return 1
     try:
         uvloop.run(main)
     except fatal as exc:
