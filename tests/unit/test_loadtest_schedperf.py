@@ -21,7 +21,9 @@ from loadtest.schedperf.results import (
     steady_throughput,
 )
 from loadtest.schedperf.workload import hgx_nodes, is_gang_member, pod_manifest, shapes
+from loadtest.stack.fleet import RACK
 from tests.unit.test_manifests import scheduler_config as shipped_config
+from webhook.rules.placement import gang_affinity
 
 URL = "http://127.0.0.1:9999"
 
@@ -111,9 +113,16 @@ def test_a_pod_manifest_asks_for_its_gpus_as_limits_and_carries_its_gang() -> No
     assert pod["spec"]["schedulerName"] == "tessera-gpu"
     assert pod["metadata"]["labels"][labels.GANG] == f"sched-perf.{gang_pod.gang}"
     assert pod["metadata"]["annotations"][labels.TOPOLOGY] == "required:rack"
+    # the webhook's term for required:rack, at the label the nodes carry their rack in
+    assert pod["spec"]["affinity"] == {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [gang_affinity(RACK)]}
+    }
     share = next(s for s in shapes(TRACE, 50, gang_share=0, seed=1) if s.size == "share")
-    limits = pod_manifest(share, "x")["spec"]["containers"][0]["resources"]["limits"]
-    assert limits == {labels.GPU_MILLI_RESOURCE: "250"}
+    alone = pod_manifest(share, "x")
+    assert alone["spec"]["containers"][0]["resources"]["limits"] == {
+        labels.GPU_MILLI_RESOURCE: "250"
+    }
+    assert "affinity" not in alone["spec"]
 
 
 def test_nodes_are_hgx_boards_four_to_a_rack() -> None:
