@@ -11,7 +11,7 @@ import pytest
 from cluster import labels
 from loadtest.inputs.traces import TracePod
 from loadtest.report.schedperf_page import schedperf_page
-from loadtest.schedperf import profiles
+from loadtest.schedperf import command, profiles
 from loadtest.schedperf.results import (
     RunRecord,
     bound_per_second,
@@ -65,6 +65,50 @@ def test_the_in_tree_profiles_share_the_name_and_client_settings_and_have_no_ext
         labels.GPU_RESOURCE,
         labels.GPU_MILLI_RESOURCE,
     }
+
+
+@pytest.mark.parametrize(
+    ("asked", "expected"),
+    [
+        pytest.param(None, 100, id="as-shipped"),
+        pytest.param(30, 30, id="a-share"),
+        pytest.param(0, None, id="adaptive-left-out"),
+    ],
+)
+def test_nodes_to_score_overrides_the_tessera_profile_only(
+    asked: int | None, expected: int | None
+) -> None:
+    shipped = shipped_config()
+    assert profiles.nodes_to_score(shipped) == 100  # the manifest as it stands
+    tessera = profiles.scheduler_config(profiles.TESSERA, shipped, URL, nodes_to_score=asked)
+    assert tessera["profiles"][0].get("percentageOfNodesToScore") == expected
+    unchanged = {k: v for k, v in tessera["profiles"][0].items()
+                 if k != "percentageOfNodesToScore"}  # fmt: skip
+    assert unchanged == {k: v for k, v in shipped["profiles"][0].items()
+                         if k != "percentageOfNodesToScore"}  # fmt: skip
+    assert tessera["extenders"][0]["urlPrefix"] == URL
+    for other in (profiles.IN_TREE, profiles.IN_TREE_DEFAULT):
+        config = profiles.scheduler_config(other, shipped, URL, nodes_to_score=asked)
+        assert "percentageOfNodesToScore" not in config["profiles"][0]
+    assert shipped == shipped_config()  # the shipped one is not changed
+
+
+def test_nodes_to_score_is_a_percentage_recorded_with_the_shipped_one() -> None:
+    parser = command.build_parser()
+    assert parser.parse_args([]).nodes_to_score is None
+    assert parser.parse_args(["--nodes-to-score", "0"]).nodes_to_score == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--nodes-to-score", "101"])
+    with pytest.raises(ValueError, match="from 0 to 100"):
+        profiles.scheduler_config(profiles.TESSERA, shipped_config(), URL, nodes_to_score=-1)
+    assert profiles.nodes_to_score({"profiles": [{"schedulerName": "x"}]}) == 0
+    settings = {"nodes_to_score": 0, "nodes_to_score_shipped": 100}
+    runs = [_run(profiles.TESSERA, 0, 50), _run(profiles.IN_TREE, 0, 100)]
+    data = report(runs, nodes=10, pods=100, settings=settings)
+    assert "tessera percentageOfNodesToScore adaptive (0) (shipped 100)" in "\n".join(
+        command.table(data)
+    )
+    assert "<td>0 (100)</td>" in schedperf_page(data, "t")
 
 
 def test_the_order_alternates_between_repeats() -> None:
