@@ -119,6 +119,11 @@ def schedperf_page(data: Mapping[str, Any], title: str) -> str:
         ("creation rate", f"{settings.get('rate') or 'all at once'}"),
         ("repeats", settings.get("repeats")),
         ("trace", f"openb {settings.get('trace')}, gangs {settings.get('gang_share')}"),
+        (
+            "tessera percentageOfNodesToScore (shipped); 0: adaptive",
+            f"{settings.get('nodes_to_score', '-')} "
+            f"({settings.get('nodes_to_score_shipped', '-')})",
+        ),
         ("extender CPU / kube-scheduler CPU (tessera)", data.get("extender_cpu_over_scheduler")),
     ]
     fact_rows = "".join(f"<tr><th>{escape(k)}</th><td>{_cell(v)}</td></tr>" for k, v in facts)

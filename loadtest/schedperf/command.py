@@ -6,6 +6,10 @@ the HTML page next to it). Must not measure or decide anything itself: ``run`` m
 
     python -m loadtest sched-perf --nodes 1000 --pods 2000 --rate 0 --repeats 3 \\
         --json reports/sched-perf.json
+
+``--nodes-to-score PCT`` runs the tessera profile with that ``percentageOfNodesToScore``
+instead of the shipped one (0: kube-scheduler's adaptive sample), to measure a sample
+against the manifest's value before changing it.
 """
 
 from __future__ import annotations
@@ -71,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gang-share", type=float, default=0.05, help="share of pods in 8-GPU rack gangs"
     )
+    parser.add_argument(
+        "--nodes-to-score",
+        type=_percent,
+        default=None,
+        metavar="PCT",
+        help="percentageOfNodesToScore of the tessera profile (default: the shipped "
+        "manifest's; 0: left out, kube-scheduler's adaptive sample)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--idle", type=float, default=30.0, help="end a run after this long with no bind, s"
@@ -81,8 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _percent(text: str) -> int:
+    try:
+        return profiles.checked_percent(int(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _cell(value: Any) -> str:
     return "-" if value is None else f"{value:g}"
+
+
+def _score(percent: Any) -> str:
+    return "adaptive (0)" if percent == profiles.ADAPTIVE else f"{percent}"
 
 
 def table(data: dict[str, Any]) -> list[str]:
@@ -102,6 +125,12 @@ def table(data: dict[str, Any]) -> list[str]:
             f"{_cell(figures.get('gang_members_unbound'))}, their p99 "
             f"{_cell(figures.get('gang_p99_ms'))} ms) "
             f"stranded GPUs {_cell(stranded)}"
+        )
+    settings = data.get("settings", {})
+    if "nodes_to_score" in settings:
+        lines.append(
+            f"tessera percentageOfNodesToScore {_score(settings['nodes_to_score'])} (shipped "
+            f"{_score(settings.get('nodes_to_score_shipped'))}); in-tree: adaptive"
         )
     ratio = data["ratio"]
     lines.append(
@@ -136,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{MISSING_BINARIES}\n{exc}", file=sys.stderr)
         return 2
     shipped = install.load_install(binaries / "kubectl").scheduler_configuration
+    shipped_score = profiles.nodes_to_score(shipped)
+    nodes_to_score = shipped_score if args.nodes_to_score is None else args.nodes_to_score
     clock = SystemClock()
     pods = shapes(trace, args.pods, gang_share=args.gang_share, seed=args.seed)
     nodes = hgx_nodes(args.nodes)
@@ -149,12 +180,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "gpus_asked": round(sum(s.gpu_demand for s in pods), 1),
         "gpus": sum(n.gpus for n in nodes),
         "shipped_scheduler_config": shipped,
+        "nodes_to_score": nodes_to_score,
+        "nodes_to_score_shipped": shipped_score,
     }
     runs: list[RunRecord] = []
     with tempfile.TemporaryDirectory(prefix="tessera-sched-perf-") as tmp:
         workdir = args.workdir or Path(tmp)
         setup = Setup(binaries, shipped, nodes, pods, args.rate, args.idle, args.timeout,
-                      workdir, clock)  # fmt: skip
+                      workdir, clock, nodes_to_score=nodes_to_score)  # fmt: skip
         for repeat in range(args.repeats):
             for profile in [p for p in profiles.order(repeat) if p in chosen]:
                 print(f"repeat {repeat + 1}/{args.repeats}: {profile}", flush=True)

@@ -70,6 +70,8 @@ class Setup:
     workdir: Path
     clock: Clock
     say: Say = print
+    nodes_to_score: int | None = None
+    """The tessera profile's ``percentageOfNodesToScore``; None: as shipped, 0: adaptive."""
 
 
 class _Client:
@@ -369,7 +371,9 @@ def run_profile(profile: str, repeat: int, setup: Setup) -> RunRecord:
         if profile == profiles.TESSERA:
             running.extender = _start_extender(plane, workdir, clock)
             url = f"http://127.0.0.1:{running.extender.probe.port}"
-        config = profiles.scheduler_config(profile, setup.shipped, url)
+        config = profiles.scheduler_config(
+            profile, setup.shipped, url, nodes_to_score=setup.nodes_to_score
+        )
         config_path = workdir / "kube-scheduler-config.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         plane.start_scheduler(config_path)

@@ -14,8 +14,12 @@ GPU (``tessera.dev/gpu-milli``) or whole GPUs (``nvidia.com/gpu``), with the row
 and memory capped at the node's per-GPU part (12 cores and 192 GiB a GPU), so that an
 HGX node's 96 cores never decide whether a GPU pod fits. Besides, ``gang_share`` of the
 pods are members of gangs of two to four 8-GPU pods that must share a rack
-(``required:rack``), labelled and annotated as the webhook writes gangs into pod
-templates. Gang members are created one after the other.
+(``required:rack``), labelled, annotated and given the pod affinity to their own gang
+at the rack label as the webhook writes gangs into pod templates (mode A). Every profile
+gets the very same pods, so kube-scheduler's ``InterPodAffinity`` keeps a gang's later
+members in its first member's rack in the in-tree profiles too; only the extender
+chooses a rack with room for the whole gang. Gang members are created one after the
+other.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from cluster import labels
+from cluster.convert.grammar import parse_topology, parse_topology_levels
 from loadtest.inputs.traces import TracePod
 from loadtest.stack.fleet import FakeNode
+from webhook.rules.placement import gang_affinity
 
 Obj = dict[str, Any]
 
@@ -41,6 +47,8 @@ MEMORY_MIB_PER_GPU: Final = 192 * 1024
 GANG_SIZES: Final = (2, 3, 4)
 GANG_TOPOLOGY: Final = "required:rack"
 LEVELS: Final = "block=example.com/block,rack=example.com/rack,hostname=kubernetes.io/hostname"
+GANG_NODE_LABEL: Final = dict(parse_topology_levels(LEVELS))[parse_topology(GANG_TOPOLOGY).level]
+"""The node label of ``GANG_TOPOLOGY``'s level: what the gang members' affinity keeps."""
 
 
 GANG_PREFIX: Final = "gang-"
@@ -135,8 +143,8 @@ def _single(pod: TracePod, index: int) -> PodShape:
 
 def pod_manifest(shape: PodShape, scheduler: str, namespace: str = NAMESPACE) -> Obj:
     """The Pod as created: GPU requests equal to limits (extended resources allow no
-    other), the gang's label and annotations as the webhook writes them, and nothing that
-    would need a kubelet."""
+    other), the gang's label, annotations and pod affinity as the webhook writes them,
+    and nothing that would need a kubelet."""
     gpu = (
         {labels.GPU_RESOURCE: str(shape.gpus)}
         if shape.gpus
@@ -151,20 +159,22 @@ def pod_manifest(shape: PodShape, scheduler: str, namespace: str = NAMESPACE) ->
             labels.GANG_MIN: str(shape.gang_size),
             labels.TOPOLOGY: GANG_TOPOLOGY,
         }
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": metadata,
-        "spec": {
-            "schedulerName": scheduler,
-            "automountServiceAccountToken": False,
-            "terminationGracePeriodSeconds": 0,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.example.com/train:1",
-                    "resources": {"requests": requests, "limits": gpu},
-                }
-            ],
-        },
+    spec: Obj = {
+        "schedulerName": scheduler,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 0,
+        "containers": [
+            {
+                "name": "main",
+                "image": "registry.example.com/train:1",
+                "resources": {"requests": requests, "limits": gpu},
+            }
+        ],
     }
+    if shape.gang:
+        spec["affinity"] = {
+            "podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [gang_affinity(GANG_NODE_LABEL)]
+            }
+        }
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}

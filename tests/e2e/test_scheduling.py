@@ -15,9 +15,10 @@ import pytest
 
 from cluster import labels
 from loadtest.stack.cluster import E2ECluster
-from loadtest.stack.fleet import GANG_POOL, HEALTH_POOL, MAINTENANCE_POOL, SHARE_POOL
+from loadtest.stack.fleet import GANG_POOL, HEALTH_POOL, MAINTENANCE_POOL, RACK, SHARE_POOL
 from loadtest.stack.jobs import gpu_job
 from loadtest.stack.placements import Placement, gpu_conflicts, parse_indices
+from webhook.rules.placement import gang_affinity
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +43,9 @@ def test_a_rack_gang_lands_in_one_rack_each_pod_in_one_nvlink_island(
     e2e = scheduling
 
     rack = {labels.TOPOLOGY: "required:rack"}
-    e2e.create_stored(gpu_job("llm-pretrain", pods=4, gpus=4, pool=GANG_POOL, annotations=rack))
+    stored = e2e.create_stored(
+        gpu_job("llm-pretrain", pods=4, gpus=4, pool=GANG_POOL, annotations=rack)
+    )
     placed = e2e.wait_bound("llm-pretrain", 4)
 
     racks = {e2e.fleet[p.node].rack for p in placed}
@@ -52,6 +55,20 @@ def test_a_rack_gang_lands_in_one_rack_each_pod_in_one_nvlink_island(
         assert len(p.indices) == 4
         assert any(set(p.indices) <= island for island in islands_of(e2e, p.node)), p
     assert_accounting_holds(e2e)
+
+    # The webhook told each member to stay in its gang's rack, naming no gang; kube-apiserver
+    # took the template's term and, creating each pod, added the gang id from its label.
+    template = stored["spec"]["template"]
+    gang = template["metadata"]["labels"][labels.GANG]
+    assert template["spec"]["affinity"]["podAffinity"] == {
+        "requiredDuringSchedulingIgnoredDuringExecution": [gang_affinity(RACK)]
+    }
+    merged = {**gang_affinity(RACK), "labelSelector": {"matchExpressions": [
+        {"key": labels.GANG, "operator": "In", "values": [gang]}]}}  # fmt: skip
+    for pod in e2e.pods("llm-pretrain"):
+        assert pod["spec"]["affinity"]["podAffinity"] == {
+            "requiredDuringSchedulingIgnoredDuringExecution": [merged]
+        }
 
 
 def _one_share(e2e: E2ECluster, name: str, milli: int) -> Placement:

@@ -11,7 +11,7 @@ import pytest
 from cluster import labels
 from loadtest.inputs.traces import TracePod
 from loadtest.report.schedperf_page import schedperf_page
-from loadtest.schedperf import profiles
+from loadtest.schedperf import command, profiles
 from loadtest.schedperf.results import (
     RunRecord,
     bound_per_second,
@@ -21,7 +21,9 @@ from loadtest.schedperf.results import (
     steady_throughput,
 )
 from loadtest.schedperf.workload import hgx_nodes, is_gang_member, pod_manifest, shapes
+from loadtest.stack.fleet import RACK
 from tests.unit.test_manifests import scheduler_config as shipped_config
+from webhook.rules.placement import gang_affinity
 
 URL = "http://127.0.0.1:9999"
 
@@ -63,6 +65,50 @@ def test_the_in_tree_profiles_share_the_name_and_client_settings_and_have_no_ext
         labels.GPU_RESOURCE,
         labels.GPU_MILLI_RESOURCE,
     }
+
+
+@pytest.mark.parametrize(
+    ("asked", "expected"),
+    [
+        pytest.param(None, 100, id="as-shipped"),
+        pytest.param(30, 30, id="a-share"),
+        pytest.param(0, None, id="adaptive-left-out"),
+    ],
+)
+def test_nodes_to_score_overrides_the_tessera_profile_only(
+    asked: int | None, expected: int | None
+) -> None:
+    shipped = shipped_config()
+    assert profiles.nodes_to_score(shipped) == 100  # the manifest as it stands
+    tessera = profiles.scheduler_config(profiles.TESSERA, shipped, URL, nodes_to_score=asked)
+    assert tessera["profiles"][0].get("percentageOfNodesToScore") == expected
+    unchanged = {k: v for k, v in tessera["profiles"][0].items()
+                 if k != "percentageOfNodesToScore"}  # fmt: skip
+    assert unchanged == {k: v for k, v in shipped["profiles"][0].items()
+                         if k != "percentageOfNodesToScore"}  # fmt: skip
+    assert tessera["extenders"][0]["urlPrefix"] == URL
+    for other in (profiles.IN_TREE, profiles.IN_TREE_DEFAULT):
+        config = profiles.scheduler_config(other, shipped, URL, nodes_to_score=asked)
+        assert "percentageOfNodesToScore" not in config["profiles"][0]
+    assert shipped == shipped_config()  # the shipped one is not changed
+
+
+def test_nodes_to_score_is_a_percentage_recorded_with_the_shipped_one() -> None:
+    parser = command.build_parser()
+    assert parser.parse_args([]).nodes_to_score is None
+    assert parser.parse_args(["--nodes-to-score", "0"]).nodes_to_score == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--nodes-to-score", "101"])
+    with pytest.raises(ValueError, match="from 0 to 100"):
+        profiles.scheduler_config(profiles.TESSERA, shipped_config(), URL, nodes_to_score=-1)
+    assert profiles.nodes_to_score({"profiles": [{"schedulerName": "x"}]}) == 0
+    settings = {"nodes_to_score": 0, "nodes_to_score_shipped": 100}
+    runs = [_run(profiles.TESSERA, 0, 50), _run(profiles.IN_TREE, 0, 100)]
+    data = report(runs, nodes=10, pods=100, settings=settings)
+    assert "tessera percentageOfNodesToScore adaptive (0) (shipped 100)" in "\n".join(
+        command.table(data)
+    )
+    assert "<td>0 (100)</td>" in schedperf_page(data, "t")
 
 
 def test_the_order_alternates_between_repeats() -> None:
@@ -111,9 +157,16 @@ def test_a_pod_manifest_asks_for_its_gpus_as_limits_and_carries_its_gang() -> No
     assert pod["spec"]["schedulerName"] == "tessera-gpu"
     assert pod["metadata"]["labels"][labels.GANG] == f"sched-perf.{gang_pod.gang}"
     assert pod["metadata"]["annotations"][labels.TOPOLOGY] == "required:rack"
+    # the webhook's term for required:rack, at the label the nodes carry their rack in
+    assert pod["spec"]["affinity"] == {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [gang_affinity(RACK)]}
+    }
     share = next(s for s in shapes(TRACE, 50, gang_share=0, seed=1) if s.size == "share")
-    limits = pod_manifest(share, "x")["spec"]["containers"][0]["resources"]["limits"]
-    assert limits == {labels.GPU_MILLI_RESOURCE: "250"}
+    alone = pod_manifest(share, "x")
+    assert alone["spec"]["containers"][0]["resources"]["limits"] == {
+        labels.GPU_MILLI_RESOURCE: "250"
+    }
+    assert "affinity" not in alone["spec"]
 
 
 def test_nodes_are_hgx_boards_four_to_a_rack() -> None:

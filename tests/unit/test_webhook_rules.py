@@ -968,7 +968,154 @@ def test_a_template_keeps_its_own_topology() -> None:
               template_meta={"annotations": {labels.TOPOLOGY: "required:rack"}})  # fmt: skip
     result, out = _topology(obj, flavors("h100-reserved", "h100-spot"))
     assert result == ()
-    assert out == obj
+    assert out["spec"]["template"]["metadata"] == obj["spec"]["template"]["metadata"]
+    # the template's required rack, not the job's preferred block, is what the gang follows
+    assert _gang_terms(out["spec"]["template"]) == [RACK_TERM]
+
+
+# ---------------------------------------------------------------- rule 7: the gang's pod affinity
+
+RACK_TERM = {"labelSelector": {}, "matchLabelKeys": [labels.GANG],
+             "topologyKey": "example.com/rack"}  # fmt: skip
+"""What a member of a ``required:rack`` gang is told: stay in the rack of its gang's pods
+(kube-apiserver adds ``tessera.dev/gang In (<id>)`` to the selector at pod creation)."""
+BLOCK_TERM = {**RACK_TERM, "topologyKey": "example.com/block"}
+HOST_TERM = {**RACK_TERM, "topologyKey": labels.HOSTNAME}
+USER_TERM = {"labelSelector": {"matchLabels": {"app": "cache"}}, "topologyKey": "zone"}
+DISAGREEING = policy_from_objects(
+    [
+        topology_obj("gpu", ["example.com/block", "example.com/rack", labels.HOSTNAME]),
+        topology_obj("dc2", ["dc2.example.com/block", "dc2.example.com/rack"]),
+        flavor_obj("h100-dc1", {labels.GFD_PRODUCT: H100}, tessera_topology="gpu"),
+        flavor_obj("h100-dc2", {labels.GFD_PRODUCT: H100}, tessera_topology="dc2"),
+        flavor_obj("h100-ghost", {labels.GFD_PRODUCT: H100}, tessera_topology="missing"),
+    ]
+)
+
+
+def _gang_terms(template: Mapping[str, Any]) -> Any:
+    return at(template, "spec", "affinity", "podAffinity",
+              "requiredDuringSchedulingIgnoredDuringExecution")  # fmt: skip
+
+
+def _templates(obj: Mapping[str, Any]) -> list[Any]:
+    if obj["kind"] == "JobSet":
+        return [r["template"]["spec"]["template"] for r in obj["spec"]["replicatedJobs"]]
+    if obj["kind"] == "Pod":
+        return [obj]
+    return [obj["spec"]["template"]]
+
+
+@pytest.mark.parametrize(
+    ("obj", "allowed", "terms"),
+    [
+        pytest.param(job(annotations={labels.TOPOLOGY: "required:rack"}),
+                     flavors("h100-reserved", "h100-spot"), [[RACK_TERM]], id="required-rack"),
+        pytest.param(job(annotations={labels.TOPOLOGY: "required:example.com/block"}),
+                     flavors("h100-reserved"), [[BLOCK_TERM]], id="full-label"),
+        pytest.param(job(annotations={labels.TOPOLOGY: "required:hostname"}), ALL_GPU,
+                     [[HOST_TERM]], id="a-flavor-without-topology-does-not-count"),
+        pytest.param(job(template_meta={"annotations": {labels.TOPOLOGY: "required:rack"}}),
+                     flavors("h100-reserved"), [[RACK_TERM]], id="template-own"),
+        pytest.param(jobset([("w", 2, 2, 4), ("ps", 1, 1, 8)],
+                            annotations={labels.TOPOLOGY: "required:rack"}),
+                     flavors("h100-reserved"), [[RACK_TERM], [RACK_TERM]],
+                     id="jobset-every-template"),
+        pytest.param(job(annotations={labels.TOPOLOGY: "preferred:rack"}),
+                     flavors("h100-reserved"), [None], id="preferred-nothing"),
+        pytest.param(job(annotations={labels.TOPOLOGY: "required:rack"}), flavors("h100-tas"),
+                     [None], id="mode-b-nothing"),
+        pytest.param(job(annotations={labels.TOPOLOGY: "required:rack"}),
+                     flavors("h100-reserved", "h100-tas"), [None], id="some-mode-b-nothing"),
+        pytest.param(job(parallelism=1, annotations={labels.TOPOLOGY: "required:rack"}),
+                     flavors("h100-reserved"), [None], id="one-pod-job-nothing"),
+        pytest.param(pod(annotations={labels.TOPOLOGY: "required:hostname"}),
+                     flavors("h100-reserved"), [None], id="pod-nothing"),
+        pytest.param(jobset([("w", 2, 2, 4), ("d", 1, 1, None)],
+                            annotations={labels.TOPOLOGY: "required:rack"}),
+                     flavors("h100-reserved"), [None, None], id="cpu-member-nothing"),
+    ],
+)  # fmt: skip
+def test_a_gang_with_a_required_level_is_told_to_stay_with_itself(
+    obj: dict[str, Any], allowed: tuple[Flavor, ...], terms: list[Any]
+) -> None:
+    result, out = _topology(obj, allowed)
+    assert isinstance(result, tuple)
+    assert [_gang_terms(t) for t in _templates(out)] == terms
+
+
+@pytest.mark.parametrize(
+    ("allowed", "terms"),
+    [
+        pytest.param(("h100-dc1",), [RACK_TERM], id="one-topology"),
+        pytest.param(("h100-dc1", "h100-dc2"), None, id="labels-differ"),
+        pytest.param(("h100-dc1", "h100-ghost"), None, id="a-topology-missing"),
+    ],
+)
+def test_the_gang_term_needs_every_flavors_topology_to_agree_on_the_label(
+    allowed: tuple[str, ...], terms: Any
+) -> None:
+    obj = job(annotations={labels.TOPOLOGY: "required:rack"})
+    chosen = tuple(DISAGREEING.flavor(n) for n in allowed)
+    assert all(chosen)
+    out = Draft(obj)
+    result = rule_topology(wl(obj), queue(), chosen, DISAGREEING, out)  # type: ignore[arg-type]
+    assert isinstance(result, tuple)
+    assert _gang_terms(out.root["spec"]["template"]) == terms
+
+
+@pytest.mark.parametrize(
+    ("written", "expected"),
+    [
+        pytest.param([USER_TERM], [USER_TERM, RACK_TERM], id="the-users-kept-ours-appended"),
+        pytest.param([RACK_TERM], [RACK_TERM], id="the-users-is-ours"),
+        pytest.param([USER_TERM, RACK_TERM], [USER_TERM, RACK_TERM], id="among-the-users"),
+        pytest.param([], [RACK_TERM], id="empty-list"),
+    ],
+)
+def test_the_users_pod_affinity_terms_are_kept_and_ours_not_repeated(
+    written: list[Any], expected: list[Any]
+) -> None:
+    affinity = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": written}}
+    obj = job(annotations={labels.TOPOLOGY: "required:rack"}, affinity=affinity)
+    _, out = _topology(obj, flavors("h100-reserved"))
+    assert _gang_terms(out["spec"]["template"]) == expected
+    assert obj["spec"]["template"]["spec"]["affinity"] == affinity  # the input is not changed
+
+
+def test_the_gang_term_is_written_once_however_often_the_webhook_is_called() -> None:
+    obj = job(name=None, generate_name="finetune-", annotations={labels.TOPOLOGY: "required:rack"},
+              affinity={"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution":
+                                        [USER_TERM]}})  # fmt: skip
+    first = admit(request(obj), POLICY, CONFIG)
+    assert isinstance(first, Allowed)
+    template = first.object["spec"]["template"]
+    assert _gang_terms(template) == [USER_TERM, RACK_TERM]
+    # the node affinity of the flavors sits beside it, in the same affinity
+    assert at(template, "spec", "affinity", "nodeAffinity") is not None
+    again = admit(request(first.object, uid="another-uid"), POLICY, CONFIG)
+    assert isinstance(again, Allowed)
+    assert diff(first.object, again.object) == []
+
+
+def test_two_jobs_that_differ_in_name_get_the_same_term() -> None:
+    terms = []
+    for name in ("train-a", "train-b"):
+        decision = admit(request(job(name=name, annotations={labels.TOPOLOGY: "required:rack"})),
+                         POLICY, CONFIG)  # fmt: skip
+        assert isinstance(decision, Allowed)
+        template = decision.object["spec"]["template"]
+        assert template["metadata"]["labels"][labels.GANG] == f"team.{name}"
+        terms.append(_gang_terms(template))
+    assert terms[0] == terms[1] == [RACK_TERM]
+
+
+def test_pod_affinity_terms_that_are_not_a_list_are_invalid() -> None:
+    affinity = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"a": 1}}}
+    obj = job(annotations={labels.TOPOLOGY: "required:rack"}, affinity=affinity)
+    denied(admit(request(obj), POLICY, CONFIG), 422,
+           "/spec/template/spec/affinity/podAffinity/requiredDuringSchedulingIgnoredDuringExecution"
+           " is not a list")  # fmt: skip
 
 
 @pytest.mark.parametrize(

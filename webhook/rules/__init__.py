@@ -33,7 +33,9 @@ ownerReference, from that controller's username, to an owner that exists with th
    workload; a gang-min below the size must fit the quota on its own (all pods
    together are rule 5's).
 7. ``rule_topology``: ``tessera.dev/topology`` names a level of the flavors' Topology;
-   copied onto pod templates.
+   copied onto pod templates (mode A), or handed to Kueue as its pod-set annotation
+   (mode B). In mode A, a gang whose level is required also gets a required pod affinity
+   to its own gang at the level's node label.
 8. ``rule_time_limit``: ``activeDeadlineSeconds`` defaulted and bounded by the queue.
 9. ``rule_scheduler``: ``schedulerName`` of the extender's profile.
 
@@ -67,6 +69,17 @@ Decisions a reader might otherwise have to guess:
   pod templates that have none, because the extender only sees pods and needs it to
   keep jobs off nodes that drain before the limit ends. With no default but a maximum,
   the maximum is the default (a job without a limit would break the maximum).
+* Gang pod affinity (rule 7): ``{"labelSelector": {}, "matchLabelKeys":
+  ["tessera.dev/gang"], "topologyKey": <the level's node label>}`` appended to each
+  template's required ``podAffinity`` terms (the user's kept, ANDed; not written twice),
+  for a workload of more than one pod, all of which ask for GPUs, whose template's
+  topology is ``required:<level>``, when every allowed flavor that names a Topology maps
+  the level to the same node label. kube-scheduler then itself refuses nodes outside the
+  domain of the members already placed, so that its sample of nodes for the extender
+  holds the gang's domain; the extender still chooses the domain of the first member. A
+  preference gets none (it would turn into a rule), and neither does mode B (Kueue writes
+  node selectors), nor a gang with a member without GPUs (the extender never places it,
+  yet the affinity would follow it). Why the selector is empty: ``gang_affinity``.
 * Quota (rule 5): counted per GPU resource: whole GPUs against ``nvidia.com/gpu``
   quota, shares (milli) against ``tessera.dev/gpu-milli`` quota. The job fits when one
   allowed flavor can hold all of it.

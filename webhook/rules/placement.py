@@ -246,7 +246,13 @@ def rule_topology(
 
     Who acts on it depends on the flavors (README, "With Kueue"). Mode A, flavors that name
     their Topology in ``tessera.dev/topology-name``: copied onto the pod templates, where the
-    extender keeps the gang within the level. Mode B, a flavor with ``spec.topologyName``:
+    extender keeps the gang within the level; and for a gang whose level is required, a
+    required pod affinity to its own gang at that level's node label (``gang_affinity``),
+    so that kube-scheduler's own filters reject the nodes outside the domain of the
+    members already placed, before it samples the nodes it sends the extender (without
+    it, a member could be shown no node of its gang's rack and wait for minutes). The
+    first member matches no placed pod and may go anywhere: the extender chooses the
+    domain. Mode B, a flavor with ``spec.topologyName``:
     Kueue's topology-aware scheduling picks the nodes before kube-scheduler sees the pods,
     so the level goes to Kueue as its pod-set annotation (the level's node label) and is
     not copied, lest the extender second-guess the nodes Kueue chose.
@@ -272,6 +278,7 @@ def rule_topology(
         if isinstance(checked, Denied):
             return checked
         notes.extend(checked)
+    follows = _gang_follows_itself(workload)
     for template in workload.templates:
         own = template.annotations.get(labels.TOPOLOGY)
         if own is not None and own != value:
@@ -284,9 +291,79 @@ def rule_topology(
             continue
         if kueue_flavors:
             notes.extend(_ask_kueue(effective, template, flavors, policy, out))
-        elif own is None:
+            continue
+        if own is None:
             out.set_default((*template.metadata_path, "annotations"), labels.TOPOLOGY, effective)
+        node_label = _required_node_label(effective, flavors, policy) if follows else None
+        if node_label is not None:
+            add_pod_affinity(out, template.spec_path, gang_affinity(node_label))
     return tuple(dict.fromkeys(notes))
+
+
+def gang_affinity(node_label: str) -> dict[str, Any]:
+    """A required pod-affinity term: stay in the domain at ``node_label`` of the pods of
+    one's own gang. The one statement of what the webhook writes (``rule_topology``) and
+    what the load test's gang pods carry.
+
+    ``matchLabelKeys`` has kube-apiserver add ``tessera.dev/gang In (<the pod's gang id>)``
+    to the selector when it creates each pod, so the term names no gang and is the same
+    for objects that differ only in name (``webhook.answers``). The selector is otherwise
+    empty because kube-apiserver refuses a pod whose selector already has an expression on
+    a ``matchLabelKeys`` key ("exists in both matchLabelKeys and labelSelector"), even
+    ``Exists``. Needs ``MatchLabelKeysInPodAffinity`` (on by default from Kubernetes 1.31,
+    GA in 1.33): where it is off, the field is dropped and the term would select every
+    pod of the namespace."""
+    return {
+        "labelSelector": {},
+        "matchLabelKeys": [labels.GANG],
+        "topologyKey": node_label,
+    }
+
+
+def _gang_follows_itself(workload: Workload) -> bool:
+    """Whether the gang's pods may be told to stay with each other: a gang, all of whose
+    pods the extender places. A member without GPUs never reaches the extender, which
+    keeps no gang near it; with the gang's label it would pull the others to its node's
+    domain, or keep them off every node if its own node lacks the label."""
+    return workload.pod_count > 1 and all(t.uses_gpu for t in workload.templates if t.count)
+
+
+def _required_node_label(value: str, flavors: Sequence[Flavor], policy: Policy) -> str | None:
+    """The node label of a ``required:<level>`` ``value`` (checked already) that every
+    allowed flavor with a Topology agrees on; ``None`` for a preference, or when they
+    differ or one's Topology is missing (the extender still keeps the gang together).
+    A flavor without a Topology does not count: the extender refuses its nodes unless
+    they have the label, as the affinity does."""
+    constraint = parse_topology(value)
+    if constraint.mode is not TopologyMode.REQUIRED:
+        return None
+    found: set[str | None] = set()
+    for flavor in flavors:
+        if flavor.topology_name is None:
+            continue
+        topology = policy.topology(flavor.topology_name)
+        found.add(None if topology is None else topology.node_label(constraint.level))
+    if len(found) != 1:
+        return None
+    return found.pop()
+
+
+_POD_AFFINITY: Final = ("affinity", "podAffinity")
+_REQUIRED_TERMS: Final = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def add_pod_affinity(out: Draft, spec_path: Path, term: Mapping[str, Any]) -> None:
+    """Append ``term`` to a pod spec's required pod-affinity terms (ANDed with the
+    user's), unless one equal to it is there already (a second pass, or the user's)."""
+    where = (*spec_path, *_POD_AFFINITY, _REQUIRED_TERMS)
+    existing = out.get(where)
+    if existing is None:
+        existing = []
+    if not isinstance(existing, list):
+        raise WorkloadError(f"{pointer(where)} is not a list")
+    if term in existing:
+        return
+    out.node((*spec_path, *_POD_AFFINITY))[_REQUIRED_TERMS] = [*existing, dict(term)]
 
 
 def _ask_kueue(
