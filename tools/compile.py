@@ -40,6 +40,7 @@ MODULES: Final = (
     "webhook/patch.py",
     "webhook/workload.py",
     "webhook/answers.py",
+    "webhook/review.py",
     "webhook/rules/outcome.py",
     "webhook/rules/queue.py",
     "webhook/rules/placement.py",
@@ -48,8 +49,8 @@ MODULES: Final = (
     "webhook/admit.py",
     "webhook/review_flow.py",
 )
-"""The review path, leaves first. Not ``webhook/review.py``: its pydantic wire models are
-classes mypyc cannot compile (pydantic builds them at run time)."""
+"""The review path, leaves first. Not ``webhook/review_models.py``: pydantic builds its
+wire models at run time, which mypyc cannot compile."""
 
 PACKAGES: Final = ("cluster", "server", "webhook", "extender")
 

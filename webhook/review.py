@@ -1,11 +1,11 @@
 """AdmissionReview ``admission.k8s.io/v1`` on the wire: decode a request, encode a response.
 
-Layer: EDGE. Pydantic models of the wire shapes, used only here: bytes are decoded once
-(orjson, through ``cluster.jsonio``), validated, and turned at once into the frozen
-``webhook.workload.ReviewRequest`` that the PURE core reads. No I/O, no clock, no
-aiohttp: the HTTP handler hands bytes in and gets bytes out.
+Layer: EDGE. Bytes are decoded once (orjson, through ``cluster.jsonio``), validated, and
+turned at once into the frozen ``webhook.workload.ReviewRequest`` that the PURE core
+reads. No I/O, no clock, no aiohttp: the HTTP handler hands bytes in and gets bytes out.
+No pydantic class either: this module is part of the compiled review path
+(``tools/compile.py``); the wire models are ``webhook.review_models``.
 
-The field names are upstream's (k8s.io/api/admission/v1), camelCase as on the wire.
 Unknown fields are ignored, so a newer kube-apiserver's additions do not break decoding.
 Anything that is not a well-formed v1 review raises ``BadReview`` with a reason, which the
 server answers with HTTP 400.
@@ -20,17 +20,15 @@ model would dump. Tests hold both to the models' reading and writing.
 
 from __future__ import annotations
 
-import base64
 import binascii
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Final, Literal, cast
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Any, Final, cast
 
 from cluster import jsonio
 from cluster.echo import echo
 from webhook.patch import JsonPatch
+from webhook.review_models import BadReview, validated_request
 from webhook.workload import GroupVersionKind, GroupVersionResource, ReviewRequest, UserInfo
 
 API_VERSION: Final = "admission.k8s.io/v1"
@@ -38,84 +36,6 @@ KIND: Final = "AdmissionReview"
 MAX_REVIEW_BYTES: Final = 4 * 1024 * 1024
 """Largest body decoded: an object and its old version at etcd's 1.5 MiB limit each, and
 the review around them, fit; a 10 MB body is refused before it is parsed."""
-
-Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
-
-
-class BadReview(ValueError):
-    """The body is not a usable AdmissionReview v1 request; the message says why."""
-
-
-# ---------------------------------------------------------------- wire models
-
-
-class _Wire(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class GroupVersionKindModel(_Wire):
-    group: str = ""
-    version: str
-    kind: str
-
-
-class GroupVersionResourceModel(_Wire):
-    group: str = ""
-    version: str
-    resource: str
-
-
-class UserInfoModel(_Wire):
-    username: str = ""
-    uid: str = ""
-    groups: list[str] = Field(default_factory=list)
-    extra: dict[str, list[str]] = Field(default_factory=dict)
-
-
-class AdmissionRequestModel(_Wire):
-    uid: str = Field(min_length=1)
-    kind: GroupVersionKindModel
-    resource: GroupVersionResourceModel
-    subResource: str | None = None
-    requestKind: GroupVersionKindModel | None = None
-    requestResource: GroupVersionResourceModel | None = None
-    requestSubResource: str | None = None
-    name: str | None = None
-    namespace: str | None = None
-    operation: Operation
-    userInfo: UserInfoModel = Field(default_factory=UserInfoModel)
-    object: dict[str, Any] | None = None
-    oldObject: dict[str, Any] | None = None
-    dryRun: bool | None = None
-    options: dict[str, Any] | None = None
-
-
-class StatusModel(_Wire):
-    """The parts of ``metav1.Status`` a webhook answers with."""
-
-    status: Literal["Success", "Failure"] | None = None
-    message: str | None = None
-    reason: str | None = None
-    code: int | None = None
-
-
-class AdmissionResponseModel(_Wire):
-    uid: str
-    allowed: bool
-    patchType: Literal["JSONPatch"] | None = None
-    patch: str | None = None
-    """Base64 of the RFC 6902 JSON Patch."""
-    status: StatusModel | None = None
-    warnings: list[str] | None = None
-    auditAnnotations: dict[str, str] | None = None
-
-
-class AdmissionReviewModel(_Wire):
-    apiVersion: Literal["admission.k8s.io/v1"]
-    kind: Literal["AdmissionReview"]
-    request: AdmissionRequestModel | None = None
-    response: AdmissionResponseModel | None = None
-
 
 # ---------------------------------------------------------------- decoding
 
@@ -160,30 +80,13 @@ def _parse(body: bytes, max_bytes: int) -> dict[str, Any]:
 
 
 def validate_review(raw: dict[str, Any]) -> ReviewRequest:
-    """The request of a decoded review, validated by the pydantic wire models: what they
-    accept, coerced to its wire types, is read as any review is (``_read``)."""
-    try:
-        model = AdmissionReviewModel.model_validate(raw)
-    except ValidationError as exc:
-        raise BadReview(_summarize(exc)) from None
-    if model.request is None:
-        raise BadReview("the review has no request")
-    # the response (if any) is valid; only the request is read
-    request = _read({"request": model.request.model_dump()})
+    """The request of a decoded review, validated by the pydantic wire models
+    (``webhook.review_models``): what they accept, coerced to its wire types, is read as
+    any review is (``_read``)."""
+    request = _read(validated_request(raw))
     if request is None:
         raise AssertionError("a validated review is plainly well-formed")
     return request
-
-
-def _summarize(exc: ValidationError) -> str:
-    # a location can hold a key the client chose (userInfo.extra's): cut like any echo
-    parts = [
-        f"{echo('.'.join(str(p) for p in error['loc']), quote=False)}: "
-        f"{echo(error['msg'], quote=False)}"
-        for error in exc.errors(include_input=False)[:3]
-    ]
-    more = exc.error_count() - len(parts)
-    return "malformed review: " + "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
 def _check_kind(obj: Mapping[str, Any] | None, field: str, kind: GroupVersionKind) -> None:
@@ -390,14 +293,3 @@ def encode_status(code: int, reason: str, message: str) -> bytes:
             "code": code,
         }
     )
-
-
-def decode_patch(response_body: bytes) -> JsonPatch:
-    """The JSON Patch inside an encoded response (empty when there is none): for tests."""
-    review = AdmissionReviewModel.model_validate(jsonio.loads(response_body))
-    if review.response is None or review.response.patch is None:
-        return []
-    patch = jsonio.loads(base64.b64decode(review.response.patch))
-    if not isinstance(patch, list):
-        raise BadReview("the patch is not a JSON array")
-    return patch

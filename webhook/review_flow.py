@@ -33,7 +33,8 @@ from webhook.answers import Answer, answer_key, gang_holes, keep
 from webhook.owners import NO_OWNERS, OwnerKey, OwnerView, claims_job_owner
 from webhook.patch import JsonPatch, diff
 from webhook.queues import Policy
-from webhook.review import BadReview, decode_review, encode_response, encode_status
+from webhook.review import decode_review, encode_response, encode_status
+from webhook.review_models import BadReview
 from webhook.rules.gang import name_gang, request_gang_id
 from webhook.rules.outcome import AdmitConfig, Allowed
 from webhook.workload import ReviewRequest

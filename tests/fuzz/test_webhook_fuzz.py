@@ -43,8 +43,8 @@ from tests.fuzz.harness import (
 from webhook.answers import ANSWERS_KEPT
 from webhook.app import create_app
 from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES, OwnerKind
-from webhook.review import AdmissionReviewModel
 from webhook.review_flow import MESSAGE_LIMIT
+from webhook.review_models import AdmissionReviewModel
 from webhook.settings import WebhookSettings
 from webhook.source import OwnerSource, PolicyStore
 

@@ -14,15 +14,9 @@ from hypothesis import strategies as st
 from cluster import jsonio
 from tests.unit.test_webhook_rules import CONFIG, POLICY
 from webhook.owners import OwnerKind, OwnerRef, OwnerView
-from webhook.review import (
-    AdmissionReviewModel,
-    BadReview,
-    decode_review,
-    encode_response,
-    encode_status,
-    validate_review,
-)
+from webhook.review import decode_review, encode_response, encode_status, validate_review
 from webhook.review_flow import handle_review, review
+from webhook.review_models import AdmissionReviewModel, BadReview
 from webhook.workload import WorkloadKind, workload_from_object
 
 CAPTURES = Path(__file__).resolve().parents[3] / "shared" / "captures"
