@@ -3,9 +3,14 @@
 The command starts its own control planes (not the session's cluster), one fresh one per
 profile, and schedules the same pods with the real kube-scheduler: in-tree packing,
 in-tree default, and the shipped profile with the extender. A few seconds of load: this
-checks that the comparison runs and is what it says (every pod bound in every profile,
-no GPU given twice, the extender recording GPUs for every pod it bound, the JSON and the
-page there), not the figures.
+checks that the comparison runs and is what it says (every pod bound by the shipped
+profile, every pod accounted for in the in-tree ones, no GPU given twice, the extender
+recording GPUs for every pod it bound, the JSON and the page there), not the figures.
+
+The in-tree baselines may leave a pod unbound: their scores tie, kube-scheduler breaks
+ties at random, and a spread (or a gang member whose rack filled up) can leave no node
+with 8 free GPUs. That is what the baselines measure, so the test counts those pods
+rather than asking them to fit.
 """
 
 from __future__ import annotations
@@ -49,14 +54,16 @@ def test_every_profile_binds_every_pod_once_and_the_report_has_its_shape(
     assert (report["nodes"], report["pods"]) == (NODES, PODS)
     for profile in PROFILES:
         figures = report[profile]
-        assert figures["bound"] == PODS, (profile, figures["placement"])
+        unbound = figures["placement"]["unschedulable_by_size"]
+        assert figures["bound"] + sum(unbound.values()) == PODS, (profile, figures)
+        assert figures["unbound"] == sum(unbound.values()), (profile, figures)
         assert figures["pods_per_s"] > 0
         assert 0 < figures["p50_ms"] <= figures["p99_ms"]
         cpu = figures["cpu_ms_per_pod"]
         assert all(cpu[c] > 0 for c in ("scheduler", "apiserver", "etcd")), (profile, cpu)
         assert figures["placement"]["gpu_conflicts"] == 0
-        assert figures["placement"]["unschedulable_by_size"] == {}
     tessera = report["tessera"]
+    assert tessera["bound"] == PODS, tessera["placement"]
     assert tessera["cpu_ms_per_pod"]["extender"] > 0
     assert report["in_tree"]["cpu_ms_per_pod"]["extender"] is None
     # the extender bound every pod, recording its GPUs, and kept NVLink islands whole
