@@ -70,8 +70,9 @@ def test_the_in_tree_profiles_share_the_name_and_client_settings_and_have_no_ext
 @pytest.mark.parametrize(
     ("asked", "expected"),
     [
-        pytest.param(None, 100, id="as-shipped"),
+        pytest.param(None, None, id="as-shipped-adaptive"),
         pytest.param(30, 30, id="a-share"),
+        pytest.param(100, 100, id="every-node"),
         pytest.param(0, None, id="adaptive-left-out"),
     ],
 )
@@ -79,7 +80,8 @@ def test_nodes_to_score_overrides_the_tessera_profile_only(
     asked: int | None, expected: int | None
 ) -> None:
     shipped = shipped_config()
-    assert profiles.nodes_to_score(shipped) == 100  # the manifest as it stands
+    # the manifest as it stands: the field left out, kube-scheduler's adaptive sample
+    assert profiles.nodes_to_score(shipped) == profiles.ADAPTIVE
     tessera = profiles.scheduler_config(profiles.TESSERA, shipped, URL, nodes_to_score=asked)
     assert tessera["profiles"][0].get("percentageOfNodesToScore") == expected
     unchanged = {k: v for k, v in tessera["profiles"][0].items()
