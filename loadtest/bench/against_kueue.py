@@ -44,6 +44,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -86,7 +87,7 @@ from loadtest.bench.webhook_policy import (
     write_policy,
 )
 from loadtest.measure.openloop import Http1Connection
-from loadtest.measure.pinned import SERVER_NAME, BenchError, make_certs
+from loadtest.measure.pinned import SERVER_NAME, BenchError, Settled, make_certs, wait_settled
 from loadtest.stack import kueue as kueue_stack
 from loadtest.stack.cluster import KueueOnly, bring_up_kueue
 from loadtest.stack.controlplane import (
@@ -312,6 +313,7 @@ def run(args: argparse.Namespace, clock: Clock, say: Callable[[str], None]) -> R
             say(f"Kueue ready; policy of {queues:,} LocalQueues applied")
             tessera = _start_tessera(args, folder, objects, stack, clock)
             report.endpoints = _endpoints(args, tessera, folder / "certs" / "ca.crt", cluster)
+            report.settled = _settle(cluster, report.endpoints, clock, say)
             bench = Bench(args, report.endpoints)
             for variant in variants:
                 report.variants.append(run_variant(bench, captured, variant, say))
@@ -344,6 +346,30 @@ def _start_tessera(
     tessera.start(stack)
     uvloop.run(wait_ready(tessera, ca, clock, deadline_s=60.0, poll_s=0.1))
     return tessera
+
+
+SETTLING: Final = ("etcd", "kube-apiserver", "kube-controller-manager")
+"""The control plane's processes that must be quiet, besides both servers, before the
+first phase."""
+
+
+def _settle(
+    cluster: KueueOnly,
+    endpoints: dict[str, Endpoint],
+    clock: Clock,
+    say: Callable[[str], None],
+) -> Settled:
+    """Wait for Kueue to finish reconciling the policy just applied (and the control
+    plane its writes), so that its startup work is in neither server's figures."""
+    pids = [e.pid for e in endpoints.values()]
+    pids += [p for p in map(cluster.plane.pid, SETTLING) if p is not None]
+    settled = wait_settled(pids, clock, time.sleep)
+    use = f"{100 * settled.cores:.1f} % of a core"
+    if settled.settled:
+        say(f"servers and control plane settled after {settled.waited_s:.0f} s ({use})")
+    else:
+        say(f"still busy after {settled.waited_s:.0f} s ({use}); measuring anyway")
+    return settled
 
 
 def _endpoints(

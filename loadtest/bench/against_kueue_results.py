@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from loadtest.bench.review_steps import StepResult
-from loadtest.measure.pinned import cpu_model
+from loadtest.measure.pinned import Settled, cpu_model
 from loadtest.measure.stats import Histogram
 
 DISTINCT: Final = 2**62
@@ -214,6 +214,8 @@ class Report:
     variants: list[VariantResult] = field(default_factory=list)
     wall_s: float = 0.0
     load: dict[str, tuple[float, float, float]] = field(default_factory=dict)
+    settled: Settled | None = None
+    """How long the run waited for Kueue's startup work to end before its first phase."""
 
     def lines(self) -> Iterator[str]:
         args = self.args
@@ -228,6 +230,12 @@ class Report:
             yield f"  {endpoint.name:<8} on CPU {cpus}: {endpoint.command}"
         yield f"  load generator on CPU {args.client_core}; CPU: {cpu_model()}"
         yield f"  load average {', '.join(f'{k} {v[0]:.1f}' for k, v in self.load.items())}"
+        if self.settled is not None:
+            yield (
+                f"  first phase after {self.settled.waited_s:.0f} s of waiting for the servers "
+                f"and control plane to go quiet ({100 * self.settled.cores:.1f} % of a core "
+                f"at the end{'' if self.settled.settled else ': never settled'})"
+            )
         for result in self.variants:
             yield ""
             yield from _variant_lines(result)
@@ -256,6 +264,13 @@ class Report:
             "local_queues": self.queues,
             "cpu_model": cpu_model(),
             "load_average": self.load,
+            "settled": None
+            if self.settled is None
+            else {
+                "waited_s": self.settled.waited_s,
+                "cores": self.settled.cores,
+                "settled": self.settled.settled,
+            },
             "wall_s": self.wall_s,
             "servers": {
                 name: {"command": e.command, "cpus": list(e.cpus), "path": e.path}

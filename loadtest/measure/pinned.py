@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,42 @@ def proc_cpu_s(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """How long ``wait_settled`` waited, and the CPU the processes used in its last window
+    (in cores: 0.05 is 5 % of one)."""
+
+    waited_s: float
+    cores: float
+    settled: bool
+
+
+def wait_settled(
+    pids: Sequence[int],
+    clock: Clock,
+    sleep: Callable[[float], None],
+    *,
+    cpu_s: Callable[[int], float] = proc_cpu_s,
+    window_s: float = 2.0,
+    below_cores: float = 0.05,
+    limit_s: float = 120.0,
+) -> Settled:
+    """Wait until ``pids`` together use less than ``below_cores`` over a ``window_s``
+    window, for at most ``limit_s``.
+
+    Why: a controller that has just started reconciles what it finds (Kueue, given 1,000
+    LocalQueues, writes their status for tens of seconds), and a benchmark that starts
+    meanwhile gives the CPU it takes on a shared core to neither server's account."""
+    started = clock.monotonic()
+    while True:
+        before = sum(cpu_s(pid) for pid in pids)
+        sleep(window_s)
+        cores = (sum(cpu_s(pid) for pid in pids) - before) / window_s
+        waited = clock.monotonic() - started
+        if cores < below_cores or waited >= limit_s:
+            return Settled(waited, cores, cores < below_cores)
 
 
 def _fixed_work(rounds: int) -> int:

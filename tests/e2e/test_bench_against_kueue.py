@@ -45,6 +45,9 @@ def test_the_benchmark_reports_both_webhooks_in_every_variant(
     report = jsonio.loads(report_path.read_bytes())
     assert set(report["servers"]) == {"tessera", "kueue"}
     assert report["servers"]["kueue"]["path"].startswith("/mutate-batch-v1-job")
+    # the first phase waited for Kueue's startup reconciling to end (one window at least)
+    assert report["settled"]["waited_s"] >= 2.0
+    assert "first phase after" in done.stdout
     assert set(report["variants"]) == VARIANTS
     for name, variant in report["variants"].items():
         phases = [variant["saturation"], *variant["fixed"]]
