@@ -54,6 +54,10 @@ class RunRecord:
     bound: Mapping[str, float]
     cpu_s: Mapping[str, float]
     placement: Mapping[str, Any]
+    extender_ready_s: Mapping[str, float] | None = None
+    """``tessera`` only: seconds from starting the extender to its ``/readyz`` (its cache
+    listed and watching), ``start`` on the fresh cluster's nodes and ``restart`` after the
+    run (killed, then started again over the nodes and every pod bound)."""
 
 
 def latencies_ms(created: Mapping[str, float], bound: Mapping[str, float]) -> list[float]:
@@ -110,6 +114,7 @@ def run_figures(run: RunRecord) -> Obj:
             for c in COMPONENTS
         },
         "placement": dict(run.placement),
+        "extender_ready_s": dict(run.extender_ready_s) if run.extender_ready_s else None,
         "bound_per_s": bound_per_second(list(run.bound.values())),
         "latencies_ms": [round(v, 1) for v in lat],
     }
@@ -152,7 +157,11 @@ def profile_summary(runs: Sequence[Obj]) -> Obj:
                     "unbound",
                 )
             }
-            | {"cpu_ms_per_pod": r["cpu_ms_per_pod"], "placement": r["placement"]}
+            | {
+                "cpu_ms_per_pod": r["cpu_ms_per_pod"],
+                "placement": r["placement"],
+                "extender_ready_s": r.get("extender_ready_s"),
+            }
             for r in runs
         ]
     )

@@ -12,7 +12,9 @@ connections), then (``tessera``) the extender as the shipped Deployment runs it,
 kube-scheduler with the profile's configuration. Only then the clock starts: a watch on
 the pods, a sampler of the processes' CPU, and the pods created over a few keep-alive
 connections, all at once or at a fixed rate. The run ends when every pod is bound, or
-when no pod has been bound for ``idle_s`` (the rest are unschedulable).
+when no pod has been bound for ``idle_s`` (the rest are unschedulable). Then
+(``tessera``) the extender is killed and started again, and timed to ready: what a
+crash costs, its cache rebuilt from a list of every node and pod.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -368,8 +370,11 @@ def run_profile(profile: str, repeat: int, setup: Setup) -> RunRecord:
         create_nodes(plane.credentials, setup.nodes, clock.now())
         say(f"  {len(setup.nodes)} nodes in {clock.monotonic() - begun:.1f} s")
         url = ""
+        ready_s = 0.0
         if profile == profiles.TESSERA:
+            begun = clock.monotonic()
             running.extender = _start_extender(plane, workdir, clock)
+            ready_s = clock.monotonic() - begun
             url = f"http://127.0.0.1:{running.extender.probe.port}"
         config = profiles.scheduler_config(
             profile, setup.shipped, url, nodes_to_score=setup.nodes_to_score
@@ -377,10 +382,24 @@ def run_profile(profile: str, repeat: int, setup: Setup) -> RunRecord:
         config_path = workdir / "kube-scheduler-config.yaml"
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         plane.start_scheduler(config_path)
-        return _measure(profile, repeat, setup, plane, api, running)
+        record = _measure(profile, repeat, setup, plane, api, running)
+        if running.extender is None:
+            return record
+        restart_s = _restart(running.extender, clock)
+        say(f"  extender ready {ready_s:.1f} s after its start, {restart_s:.1f} s after a restart")
+        return replace(record, extender_ready_s={"start": ready_s, "restart": restart_s})
     finally:
         running.stop()
         shutil.rmtree(workdir / "cp" / "etcd", ignore_errors=True)
+
+
+def _restart(extender: ServerProcess, clock: Clock) -> float:
+    """Kill the extender and start it again, as a crash and its Deployment's restart:
+    seconds until it is ready, its cache rebuilt from a list of every node and pod."""
+    extender.kill()
+    begun = clock.monotonic()
+    extender.start(timeout=300)
+    return clock.monotonic() - begun
 
 
 def _measure(  # noqa: PLR0917 - the run's state, passed on

@@ -70,6 +70,9 @@ def test_every_profile_binds_every_pod_once_and_the_report_has_its_shape(
     assert tessera["placement"]["bound_without_indices"] == 0
     assert tessera["placement"]["split_islands"] == 0
     assert tessera["placement"]["overbooked_gpus"] == 0
+    # killed after the run and started again, it was ready once its cache was rebuilt
+    assert tessera["extender_ready_s"]["restart"] > 0
+    assert "after a restart" in done.stdout
     assert report["ratio"]["throughput"] > 0
     assert report["ratio"]["p99"] > 0
     assert [r["profile"] for r in report["runs"]] == list(PROFILES)

@@ -197,9 +197,11 @@ def _run(profile: str, repeat: int, rate: float, extender: float = 0.0) -> RunRe
     created = {f"p{i}": i / 100 for i in range(100)}
     bound = {f"p{i}": i / rate + 0.1 for i in range(100)}
     cpu = {"scheduler": 0.2, "apiserver": 0.3, "etcd": 0.1}
+    ready = None
     if extender:
         cpu["extender"] = extender
-    return RunRecord(profile, repeat, created, bound, cpu, {"free_gpus": 8})
+        ready = {"start": 1.0 + repeat, "restart": 3.0 + repeat}
+    return RunRecord(profile, repeat, created, bound, cpu, {"free_gpus": 8}, ready)
 
 
 def test_the_json_has_each_profile_the_ratios_within_repeats_and_every_run() -> None:
@@ -234,6 +236,9 @@ def test_the_json_has_each_profile_the_ratios_within_repeats_and_every_run() -> 
     assert [r["repeat"] for r in data["ratio"]["per_repeat"]] == [0, 1]
     assert data["ratio"]["p99"] > 1
     assert data["extender_cpu_over_scheduler"] == pytest.approx(1.0)
+    # how long the extender took to be ready, at its start and after a crash: medians
+    assert data["tessera"]["extender_ready_s"] == {"start": 1.5, "restart": 3.5}
+    assert data["in_tree"]["extender_ready_s"] is None
     assert len(data["runs"]) == 6
     page = schedperf_page(data, "t")
     assert page.count("<svg") == 2
