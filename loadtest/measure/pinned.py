@@ -89,10 +89,11 @@ def wait_settled(
     LocalQueues, writes their status for tens of seconds), and a benchmark that starts
     meanwhile gives the CPU it takes on a shared core to neither server's account."""
     started = clock.monotonic()
+    used = sum(cpu_s(pid) for pid in pids)
     while True:
-        before = sum(cpu_s(pid) for pid in pids)
         sleep(window_s)
-        cores = (sum(cpu_s(pid) for pid in pids) - before) / window_s
+        before, used = used, sum(cpu_s(pid) for pid in pids)
+        cores = (used - before) / window_s
         waited = clock.monotonic() - started
         if cores < below_cores or waited >= limit_s:
             return Settled(waited, cores, cores < below_cores)
