@@ -13,7 +13,7 @@ import copy
 import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -264,13 +264,7 @@ class Report:
             "local_queues": self.queues,
             "cpu_model": cpu_model(),
             "load_average": self.load,
-            "settled": None
-            if self.settled is None
-            else {
-                "waited_s": self.settled.waited_s,
-                "cores": self.settled.cores,
-                "settled": self.settled.settled,
-            },
+            "settled": None if self.settled is None else asdict(self.settled),
             "wall_s": self.wall_s,
             "servers": {
                 name: {"command": e.command, "cpus": list(e.cpus), "path": e.path}
