@@ -294,3 +294,20 @@ def scrape_histogram(text: str, name: str, label: str) -> dict[str, Scraped]:
         key: Scraped(count, totals.get(key, 0.0), tuple(sorted(buckets.get(key, ()))))
         for key, count in counts.items()
     }
+
+
+def scrape_counters(text: str, name: str, labels: Sequence[str]) -> dict[tuple[str, ...], float]:
+    """The children of counter ``name`` on a Prometheus text page, keyed by the values of
+    ``labels`` (a missing label reads as ""), children with equal keys summed; a page
+    without it gives ``{}``."""
+    found: dict[tuple[str, ...], float] = {}
+    for family in text_string_to_metric_families(text):
+        # the parser names a counter family without its ``_total``
+        if family.type != "counter" or name not in {family.name, f"{family.name}_total"}:
+            continue
+        for sample in family.samples:
+            if sample.name != f"{family.name}_total":
+                continue
+            key = tuple(sample.labels.get(label, "") for label in labels)
+            found[key] = found.get(key, 0.0) + sample.value
+    return found

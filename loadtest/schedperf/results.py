@@ -12,6 +12,9 @@ anything itself: the runner hands in the times the watch saw and the CPU ``/proc
   its throughput is then a lower bound;
 * CPU: each process's CPU seconds (``/proc``) from just before the first POST to the
   last bind, divided by the pods bound;
+* calls: kube-apiserver's requests by verb and resource, and kube-scheduler's scheduling
+  attempts by result (and its opportunistic batching), per pod bound, from their
+  ``/metrics`` before the first POST and after the last bind;
 * placement: pods left unbound by size, free GPUs at the end, and those stranded on
   nodes that are neither empty nor full (no 8-GPU pod can use them), GPUs given twice,
   pods of at most 4 GPUs split over NVLink islands and gangs split over racks.
@@ -26,7 +29,7 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from cluster import labels
@@ -58,6 +61,13 @@ class RunRecord:
     """``tessera`` only: seconds from starting the extender to its ``/readyz`` (its cache
     listed and watching), ``start`` on the fresh cluster's nodes and ``restart`` after the
     run (killed, then started again over the nodes and every pod bound)."""
+    requests: Mapping[str, float] = field(default_factory=dict)
+    """kube-apiserver's requests during the run by verb and resource (``POST
+    pods/binding``), from its ``apiserver_request_total``."""
+    attempts: Mapping[str, float] = field(default_factory=dict)
+    """kube-scheduler's scheduling attempts during the run by result (``scheduled``,
+    ``unschedulable``, ``error``), from its ``scheduler_schedule_attempts_total``, and its
+    opportunistic batching by result (``batch hint_used``...)."""
 
 
 def latencies_ms(created: Mapping[str, float], bound: Mapping[str, float]) -> list[float]:
@@ -89,6 +99,15 @@ def bound_per_second(bound_at: Sequence[float]) -> list[int]:
     return [counts.get(s, 0) for s in range(int(max(bound_at)) + 1)]
 
 
+def _per_pod(counts: Mapping[str, float], pods: int) -> dict[str, float]:
+    """Each count over the pods bound, the largest first; counts under 0.01 a pod (the
+    odd lease renewal or discovery call) left out."""
+    if not pods:
+        return {}
+    shares = {key: round(n / pods, 2) for key, n in counts.items() if n / pods >= 0.01}
+    return dict(sorted(shares.items(), key=lambda kv: -kv[1]))
+
+
 def run_figures(run: RunRecord) -> Obj:
     """One run's figures, as the JSON's ``runs`` hold them."""
     lat = latencies_ms(run.created, run.bound)
@@ -115,6 +134,8 @@ def run_figures(run: RunRecord) -> Obj:
         },
         "placement": dict(run.placement),
         "extender_ready_s": dict(run.extender_ready_s) if run.extender_ready_s else None,
+        "requests_per_pod": _per_pod(run.requests, count),
+        "attempts_per_pod": _per_pod(run.attempts, count),
         "bound_per_s": bound_per_second(list(run.bound.values())),
         "latencies_ms": [round(v, 1) for v in lat],
     }
@@ -161,6 +182,8 @@ def profile_summary(runs: Sequence[Obj]) -> Obj:
                 "cpu_ms_per_pod": r["cpu_ms_per_pod"],
                 "placement": r["placement"],
                 "extender_ready_s": r.get("extender_ready_s"),
+                "requests_per_pod": r.get("requests_per_pod") or {},
+                "attempts_per_pod": r.get("attempts_per_pod") or {},
             }
             for r in runs
         ]

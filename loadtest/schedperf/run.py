@@ -38,6 +38,7 @@ import yaml
 from cluster import jsonio
 from cluster.clock import Clock
 from loadtest.measure.pinned import proc_cpu_s
+from loadtest.measure.stats import scrape_counters
 from loadtest.schedperf import profiles
 from loadtest.schedperf.results import RunRecord, placement
 from loadtest.schedperf.workload import LEVELS, NAMESPACE, PodShape, pod_manifest
@@ -417,6 +418,7 @@ def _measure(  # noqa: PLR0917 - the run's state, passed on
         "apiserver": plane.pid("kube-apiserver"),
         "etcd": plane.pid("etcd"),
     }
+    counted = _counts(plane)
     start = clock.monotonic()
     watch = _Watch(plane.credentials, clock, start)
     sampler = _CpuSampler({k: v for k, v in pids.items() if v is not None}, clock, start)
@@ -448,6 +450,7 @@ def _measure(  # noqa: PLR0917 - the run's state, passed on
     bound = dict(watch.bound)
     cpu = sampler.used_until(max(bound.values(), default=0.0))
     pods = api.items(_PATHS["pods"])
+    requests, attempts = _counts(plane, since=counted)
     return RunRecord(
         profile=profile,
         repeat=repeat,
@@ -455,4 +458,41 @@ def _measure(  # noqa: PLR0917 - the run's state, passed on
         bound=bound,
         cpu_s=cpu,
         placement=placement(setup.shapes, pods, setup.nodes),
+        requests=requests,
+        attempts=attempts,
     )
+
+
+_Counts = tuple[dict[str, float], dict[str, float]]
+
+
+def _counts(plane: ControlPlane, since: _Counts | None = None) -> _Counts:
+    """kube-apiserver's requests by verb and resource (``POST pods/binding``) and
+    kube-scheduler's scheduling attempts by result, counted so far or after ``since``:
+    what each pod cost the control plane besides CPU."""
+    served = scrape_counters(
+        plane.metrics("kube-apiserver"), "apiserver_request_total",
+        ("verb", "resource", "subresource"),
+    )  # fmt: skip
+    requests = {
+        f"{verb} {resource}/{sub}" if sub else f"{verb} {resource}": n
+        for (verb, resource, sub), n in served.items()
+    }
+    page = plane.metrics("kube-scheduler")
+    tried = scrape_counters(page, "scheduler_schedule_attempts_total", ("result",))
+    # kube-scheduler's opportunistic batching (beta, on by default since v1.35) lets a pod
+    # shaped like the one before it take the next node of that pod's ranking without
+    # filtering or scoring: only for profiles without extenders, so it counts apart
+    hinted = scrape_counters(page, "scheduler_batch_attempts_total", ("result",))
+    attempts = {result: n for (result,), n in tried.items()} | {
+        f"batch {result}": n for (result,), n in hinted.items()
+    }
+    if since is None:
+        return requests, attempts
+    before_requests, before_attempts = since
+    return (
+        {k: n - before_requests.get(k, 0.0) for k, n in requests.items()
+         if n > before_requests.get(k, 0.0)},
+        {k: n - before_attempts.get(k, 0.0) for k, n in attempts.items()
+         if n > before_attempts.get(k, 0.0)},
+    )  # fmt: skip

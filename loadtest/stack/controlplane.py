@@ -273,6 +273,29 @@ class ControlPlane:
                 return component.process.pid
         return None
 
+    def metrics(self, name: str) -> str:
+        """The ``/metrics`` page of ``kube-apiserver`` or ``kube-scheduler``, read as
+        cluster admin (for a benchmark that counts requests or scheduling attempts)."""
+        if name == "kube-apiserver":
+            port, context = (
+                self._ports.apiserver,
+                ssl.create_default_context(cafile=str(self.credentials.ca_file)),
+            )
+        elif name == "kube-scheduler":
+            port, context = self._ports.scheduler, _unverified_tls()
+        else:
+            raise ValueError(f"no metrics page for {name!r}")
+        conn = http.client.HTTPSConnection(LOOPBACK, port, timeout=30, context=context)
+        try:
+            conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {self._token}"})
+            response = conn.getresponse()
+            body = response.read()
+        finally:
+            conn.close()
+        if response.status != http.HTTPStatus.OK:
+            raise ControlPlaneError(f"{name} /metrics: HTTP {response.status}")
+        return body.decode()
+
     def start(self) -> None:
         self._workdir.mkdir(parents=True, exist_ok=True)
         (self._workdir / "logs").mkdir(exist_ok=True)

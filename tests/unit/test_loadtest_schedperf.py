@@ -201,7 +201,12 @@ def _run(profile: str, repeat: int, rate: float, extender: float = 0.0) -> RunRe
     if extender:
         cpu["extender"] = extender
         ready = {"start": 1.0 + repeat, "restart": 3.0 + repeat}
-    return RunRecord(profile, repeat, created, bound, cpu, {"free_gpus": 8}, ready)
+    # every pod a POST and a binding, and the odd lease renewal (under a hundredth a pod)
+    requests = {"POST pods": 100.0, "POST pods/binding": 100.0, "PUT leases": 0.4 + repeat / 2}
+    attempts = {"scheduled": 100.0, "unschedulable": 10.0 * (repeat + 1)}
+    return RunRecord(
+        profile, repeat, created, bound, cpu, {"free_gpus": 8}, ready, requests, attempts
+    )
 
 
 def test_the_json_has_each_profile_the_ratios_within_repeats_and_every_run() -> None:
@@ -239,6 +244,10 @@ def test_the_json_has_each_profile_the_ratios_within_repeats_and_every_run() -> 
     # how long the extender took to be ready, at its start and after a crash: medians
     assert data["tessera"]["extender_ready_s"] == {"start": 1.5, "restart": 3.5}
     assert data["in_tree"]["extender_ready_s"] is None
+    # what each pod cost kube-apiserver and kube-scheduler in calls: per pod, the rare
+    # left out, medians over the repeats
+    assert data["tessera"]["requests_per_pod"] == {"POST pods": 1.0, "POST pods/binding": 1.0}
+    assert data["tessera"]["attempts_per_pod"] == {"scheduled": 1.0, "unschedulable": 0.15}
     assert len(data["runs"]) == 6
     page = schedperf_page(data, "t")
     assert page.count("<svg") == 2

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client import Histogram as PromHistogram
 
 from cluster import jsonio
@@ -29,7 +29,13 @@ from loadtest.measure.openloop import (
     latency_from_intended,
     run_open_loop,
 )
-from loadtest.measure.stats import Histogram, nearest_rank, percentile, scrape_histogram
+from loadtest.measure.stats import (
+    Histogram,
+    nearest_rank,
+    percentile,
+    scrape_counters,
+    scrape_histogram,
+)
 
 T = TypeVar("T")
 MS = 0.001
@@ -156,6 +162,21 @@ def test_what_was_observed_between_two_scrapes() -> None:
 
 def test_a_page_without_the_histogram_reads_as_nothing() -> None:
     assert scrape_histogram("# HELP other x\nother_total 1.0\n", PAUSES, "generation") == {}
+
+
+def test_a_servers_counters_are_read_back_by_the_labels_asked_for() -> None:
+    registry = CollectorRegistry()
+    requests = Counter("apiserver_request", "x", ["verb", "resource", "code"], registry=registry)
+    requests.labels("POST", "pods", "201").inc(3)
+    requests.labels("POST", "pods", "409").inc()
+    requests.labels("GET", "nodes", "200").inc(2)
+    page = generate_latest(registry).decode()
+    assert scrape_counters(page, "apiserver_request_total", ("verb", "resource")) == {
+        ("POST", "pods"): 4,  # the codes summed
+        ("GET", "nodes"): 2,
+    }
+    assert scrape_counters(page, "apiserver_request_total", ("subresource",)) == {("",): 6}
+    assert scrape_counters(page, "other_total", ("verb",)) == {}
 
 
 def test_every_microsecond_falls_in_exactly_one_bucket() -> None:
