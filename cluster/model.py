@@ -97,6 +97,11 @@ class NodeSelection:
     terms: tuple[tuple[NodeRequirement, ...], ...] | None = None
     """None: no required node affinity; else a node must match one term."""
     tolerations: tuple[Toleration, ...] = ()
+    prefers: bool = False
+    """The pod also states a preference that only kube-scheduler's own scoring weighs: a
+    preferred node affinity, a preferred pod affinity or anti-affinity, or a topology
+    spread that allows skew (``ScheduleAnyway``). The choice among the nodes it fits is
+    then left to kube-scheduler (``ExtenderConfig.choose_in_filter``)."""
 
 
 UNCONSTRAINED: Final = NodeSelection()

@@ -93,6 +93,12 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
         type=float,
         help="seconds between two countings of the learned pod mix (default 60)",
     )
+    switch(
+        "choose-in-filter",
+        "/filter names only the node a pod should go to (unless the pod states a preferred "
+        "affinity or a ScheduleAnyway spread), so kube-scheduler binds it there without "
+        "scoring or calling /prioritize (default off)",
+    )
     flag(
         "max-reservations",
         type=int,

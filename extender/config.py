@@ -224,6 +224,12 @@ class ExtenderConfig:
     normalize_scores: bool = True
     """Spread ``/prioritize`` answers over 1-10 across the candidates (best = 10): the
     wire's eleven values are too coarse to carry fragmentation differences otherwise."""
+    choose_in_filter: bool = False
+    """``/filter`` answers the one node the pod should go to rather than every node it
+    fits (``decide.choose``), unless the pod states a preference only kube-scheduler's
+    scoring weighs. kube-scheduler binds a pod with one feasible node there without
+    scoring it: no ``/prioritize`` call, no in-tree scores, and the node is Tessera's
+    best exactly, not its best up to the wire's eleven score values."""
 
     def __post_init__(self) -> None:
         names = [level.name for level in self.levels]

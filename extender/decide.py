@@ -53,7 +53,10 @@ from extender.gangs import build_context, kept_facts
 from extender.gpus import choose_gpus
 from extender.memo import MISSING, DecisionCache, ScoreShape, ShapeKey
 from extender.scores import MAX_SCORE, applied_weight, clamp_score, score_node, static_score
+from extender.selection import avoided
 
+_LOWEST: Final = -math.inf
+"""Where ``choose`` ranks a node with no score (not expected: each of its nodes fits)."""
 SUBSETS_TRIED: Final = 4096
 """Victim subsets ``preempt`` tries for the smallest one before it settles for a
 minimal one (no victim can be spared) found greedily."""
@@ -75,6 +78,9 @@ class FilterOutcome:
     """Nodes that preemption might help."""
     unresolvable: Mapping[NodeName, str]
     """Nodes no preemption can help (``FailedAndUnresolvableNodes``)."""
+    chosen: NodeName | None = None
+    """The one node of ``fits`` the pod should go to, when the extender chooses in
+    ``/filter`` (``choose``): the answer names it alone. None: it names every fit."""
 
 
 def filter_nodes(
@@ -141,6 +147,50 @@ def filter_nodes(
     return FilterOutcome(tuple(fits), MappingProxyType(failed), MappingProxyType(hopeless))
 
 
+def choose(
+    snapshot: Snapshot,
+    pod: PodInfo,
+    outcome: FilterOutcome,
+    config: ExtenderConfig,
+    now: datetime,
+    *,
+    memo: DecisionCache | None = None,
+) -> FilterOutcome:
+    """``outcome`` with the node the pod should go to ``chosen``, when the choice is the
+    extender's to make (``ExtenderConfig.choose_in_filter``); else ``outcome`` as it is.
+
+    The choice is left to kube-scheduler when fewer than two nodes fit (nothing to
+    choose), or when the pod states a preference that only kube-scheduler's scoring
+    weighs, or might (``NodeSelection.prefers``, or where it may go is not known).
+    Otherwise, of the fitting nodes: those without a ``PreferNoSchedule`` taint the pod
+    does not tolerate before those with one (kube-scheduler's ``TaintToleration`` score
+    would keep the pod off them too), then the best score (``score_nodes``, what
+    ``/prioritize`` answers before it is rounded onto the wire), then the first named:
+    kube-scheduler names its candidates from where its last search stopped, so equal
+    nodes take turns as it would.
+    """
+    selection = pod.demand.selection
+    if (
+        not config.choose_in_filter
+        or len(outcome.fits) < 2
+        or selection is None
+        or selection.prefers
+    ):
+        return outcome
+    fits = outcome.fits
+    scored = score_nodes(snapshot, pod, fits, config, now, memo=memo, fitting=True)
+    # best first, equal scores in the order named (a stable sort); nodes to avoid are rare,
+    # so they are looked for only from the best down
+    values = [_LOWEST if v is None else v for v in scored]
+    ranked = sorted(range(len(fits)), key=values.__getitem__, reverse=True)
+    nodes = snapshot.nodes
+    for i in ranked:
+        node = nodes.get(fits[i])
+        if node is None or not avoided(selection, node):
+            return replace(outcome, chosen=fits[i])
+    return replace(outcome, chosen=fits[ranked[0]])
+
+
 # ---------------------------------------------------------------- prioritize
 
 
@@ -152,9 +202,12 @@ def score_nodes(
     now: datetime,
     *,
     memo: DecisionCache | None = None,
+    fitting: bool = False,
 ) -> list[float | None]:
     """The combined score (0..10) of each named node, in order; None where the pod does
     not fit. ``memo`` is the decision cache of ``config`` (None: decide afresh).
+    ``fitting``: the caller found on this snapshot that the pod fits every named node
+    (``filter_nodes``), so the filters are not run again.
 
     The fine-grained answer, for callers that rank nodes themselves (the load test);
     ``prioritize`` is what goes on the wire. Scores alone, not (name, score) pairs: a
@@ -185,7 +238,10 @@ def score_nodes(
             scored.append(None)
             continue
         fact = facts.get(name) if facts is not None else None
-        if (run_filters(ctx, node) if fact is None else judge_facts(ctx, fact)) is not FIT:
+        if (
+            not fitting
+            and (run_filters(ctx, node) if fact is None else judge_facts(ctx, fact)) is not FIT
+        ):
             score = None
         elif plain:
             static = static_score(ctx, node)

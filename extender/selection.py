@@ -1,11 +1,13 @@
 """Whether a pod's node selector, required node affinity and tolerations let it onto a
-node, as kube-scheduler's in-tree filters judge them.
+node, as kube-scheduler's in-tree filters judge them; and which nodes it would rather
+not go to (``avoided``: a ``PreferNoSchedule`` taint it does not tolerate).
 
-Layer: PURE. A function of a ``NodeSelection`` and a ``NodeState``: no I/O, no clock, no
-settings. Must not judge anything but labels, fields and taints. Shared by the filter
-pipeline (``filters.filter_node_selection``: where a gang's other members may go) and
-the reservations' plan (``outlooks``: which nodes a gang may ever be given), so that a
-reservation never holds nodes its members may not use.
+Layer: PURE. Functions of a ``NodeSelection`` and a ``NodeState``: no I/O, no clock, no
+settings. Must not judge anything but labels, fields and taints. ``selection_refusal``
+is shared by the filter pipeline (``filters.filter_node_selection``: where a gang's
+other members may go) and the reservations' plan (``outlooks``: which nodes a gang may
+ever be given), so that a reservation never holds nodes its members may not use;
+``avoided`` by ``decide.choose``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ def selection_refusal(selection: NodeSelection, node: NodeState) -> str | None:
                 "does not tolerate"
             )
     return None
+
+
+def avoided(selection: NodeSelection, node: NodeState) -> bool:
+    """Whether ``node`` has a ``PreferNoSchedule`` taint the pod does not tolerate: it
+    may go there, but kube-scheduler's scoring (``TaintToleration``) would rather not."""
+    return any(
+        taint.effect == "PreferNoSchedule"
+        and not any(_tolerates(t, taint) for t in selection.tolerations)
+        for taint in node.taints
+    )
 
 
 def _meets(node: NodeState, requirement: NodeRequirement) -> bool:

@@ -93,6 +93,10 @@ class ExtenderSettings(ServingSettings):
     (their GPUs, CPU and products), or the built-in mix (``DEFAULT_POD_MIX``)."""
     pod_mix_interval_s: float = Field(60.0, gt=0)
     """How often the learned pod mix is counted again."""
+    choose_in_filter: bool = False
+    """``/filter`` names only the node the pod should go to, for pods that state no
+    preference of kube-scheduler's own (``ExtenderConfig.choose_in_filter``): it then
+    neither scores nor calls ``/prioritize`` for them."""
 
     max_reservations: int = Field(4, ge=0)
     """Waiting gangs that hold a reservation at once (``extender.holds``), the higher
@@ -197,4 +201,5 @@ class ExtenderSettings(ServingSettings):
             ),
             islands_required=self.strict_islands,
             cpu_stranding=self.cpu_stranding,
+            choose_in_filter=self.choose_in_filter,
         )

@@ -106,7 +106,8 @@ def handle_filter(
     recent: wire.RecentPods | None = None,
     memo: DecisionCache | None = None,
 ) -> Reply:
-    """``POST /filter``: the candidates the pod fits, in the request's spelling.
+    """``POST /filter``: the candidates the pod fits, in the request's spelling; only
+    the one it should go to when the config chooses in filter (``decide.choose``).
 
     ``recent`` keeps the decoded pod, for the ``/prioritize`` and ``/bind`` that follow.
     """
@@ -118,8 +119,9 @@ def handle_filter(
         outcome = decide.filter_nodes(snapshot, args.pod, args.node_names, config, now, memo=memo)
     elif args.nodes is not None:
         given = decide.request_nodes(snapshot, args.nodes.items, config)
+        snapshot = given.snapshot
         outcome = decide.filter_nodes(
-            given.snapshot,
+            snapshot,
             args.pod,
             given.names,
             config,
@@ -129,6 +131,7 @@ def handle_filter(
         )
     else:
         return Reply(OK, wire.encode_filter_error(_NO_CANDIDATES), note=_NO_CANDIDATES)
+    outcome = decide.choose(snapshot, args.pod, outcome, config, now, memo=memo)
     try:
         answer = wire.encode_filter(args, outcome)
     except jsonio.JsonEncodeError:

@@ -366,16 +366,19 @@ def encode_filter(args: ExtenderArgs, outcome: FilterOutcome) -> bytes:
     """The ``ExtenderFilterResult`` for ``args``, in the spelling its mode expects."""
     failed = dict(outcome.failed)
     hopeless = dict(outcome.unresolvable)
+    # a node that fits but was not chosen is neither named nor failed: kube-scheduler
+    # drops it from the candidates without a reason, as the pod was never refused there
+    fits = outcome.fits if outcome.chosen is None else (outcome.chosen,)
     if args.node_names is not None or args.nodes is None:
         return jsonio.dumps(
             {
-                "NodeNames": list(outcome.fits),
+                "NodeNames": list(fits),
                 "FailedNodes": failed,
                 "FailedAndUnresolvableNodes": hopeless,
                 "Error": "",
             }
         )
-    fitting = set(outcome.fits)
+    fitting = set(fits)
     items = [item for item in args.nodes.items if _item_name(item) in fitting]
     return jsonio.dumps(
         {

@@ -1,5 +1,5 @@
 """Where a pending pod may go: its ``nodeSelector``, required node affinity and
-tolerations → ``NodeSelection``.
+tolerations → ``NodeSelection``, and whether it states preferences besides.
 
 Layer: PURE. No I/O, no clock, no logging, no cache. Must never narrow what it cannot
 read: an unreadable term or item is left out with a problem noted, so the extender
@@ -45,7 +45,25 @@ def node_selection(spec: Mapping[str, Any], problems: list[str]) -> NodeSelectio
         for raw in field_list(spec, "tolerations")
         if isinstance(raw, Mapping)
     )
-    return NodeSelection(required, terms, tolerations)
+    return NodeSelection(required, terms, tolerations, prefers=_prefers(spec, affinity))
+
+
+def _prefers(spec: Mapping[str, Any], node_affinity: Mapping[str, Any]) -> bool:
+    """Whether the spec states a preference kube-scheduler weighs when it scores nodes:
+    a preferred node affinity, preferred pod affinity or anti-affinity, or a topology
+    spread constraint that only prefers (``ScheduleAnyway``; ``DoNotSchedule`` ones are
+    filters, applied before the extender is asked). Read loosely: anything there that
+    is not plainly empty counts, so that no preference is dropped unread."""
+    preferred = "preferredDuringSchedulingIgnoredDuringExecution"
+    if node_affinity.get(preferred):
+        return True
+    affinity = field_map(spec, "affinity")
+    if any(field_map(affinity, kind).get(preferred) for kind in ("podAffinity", "podAntiAffinity")):
+        return True
+    return any(
+        not isinstance(raw, Mapping) or raw.get("whenUnsatisfiable") == "ScheduleAnyway"
+        for raw in field_list(spec, "topologySpreadConstraints")
+    )
 
 
 def _term(term: Any, problems: list[str]) -> tuple[NodeRequirement, ...] | None:

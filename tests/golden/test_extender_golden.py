@@ -1,7 +1,8 @@
 """Every extender verb as a request/response pair, in both node-cache modes.
 
 Each ``extender/<case>.request.json`` (``path``, ``body`` or ``rawBody``, and optional
-``assume``: binds accepted but not yet seen by the watch) runs through
+``assume``: binds accepted but not yet seen by the watch; ``config``: fields of the
+``ExtenderConfig`` that differ from the cases' usual one) runs through
 ``extender.verbs`` against the cluster in ``extender/cluster.yaml``; the answer must
 equal ``<case>.response.json`` (``status``, ``body``, and for a bind the
 ``gpuIndices`` written on the pod). ``TESSERA_UPDATE_GOLDENS=1`` rewrites the responses;
@@ -14,6 +15,7 @@ compared with what the recording server answered in ``../shared/captures``.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -79,7 +81,8 @@ def run_case(case: str) -> dict[str, Any]:
             reply = verbs.bind_reply()
             written = step.plan.gpu_indices
     else:
-        reply = HANDLERS[request["path"]](body, snapshot, CONFIG, NOW)
+        config = replace(CONFIG, **request.get("config", {}))
+        reply = HANDLERS[request["path"]](body, snapshot, config, NOW)
     answer: dict[str, Any] = {"status": reply.status, "body": jsonio.loads(reply.body)}
     if written is not None:
         answer["gpuIndices"] = written

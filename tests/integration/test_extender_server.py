@@ -298,6 +298,30 @@ async def test_a_pod_known_only_from_its_filter_request_can_be_bound(tmp_path: P
     assert (bound.node, len(bound.gpu_indices)) == ("gpu-a", 2)
 
 
+async def test_choosing_in_filter_names_one_node_and_packs_the_next_pod_beside_the_last(
+    tmp_path: Path,
+) -> None:
+    nodes = [node_json("gpu-a", rack="r1"), node_json("gpu-b", rack="r1")]
+    settings, clock, cache = file_extender(tmp_path, nodes, choose_in_filter=True)
+    first, second = pod_json("half-0", gpus=4), pod_json("half-1", gpus=4)
+    async with serving(settings, cache=cache, clock=clock) as ext:
+        # two empty nodes, equal: the first named
+        status, answer = await ext.post("/filter", filter_args(first, ["gpu-b", "gpu-a"]))
+        assert (status, answer["NodeNames"], answer["FailedNodes"]) == (200, ["gpu-b"], {})
+        assert await ext.post("/bind", bind_args(first, "gpu-b")) == (200, {"Error": ""})
+        # gpu-b now has 4 GPUs left: the next 4-GPU pod fills it, though named last
+        status, answer = await ext.post("/filter", filter_args(second, ["gpu-a", "gpu-b"]))
+        assert (status, answer["NodeNames"]) == (200, ["gpu-b"])
+        # a pod that prefers something only kube-scheduler scores is left its choice
+        prefers = pod_json("spread-0", gpus=1)
+        prefers["spec"]["topologySpreadConstraints"] = [
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+             "whenUnsatisfiable": "ScheduleAnyway"}
+        ]  # fmt: skip
+        status, answer = await ext.post("/filter", filter_args(prefers, ["gpu-a", "gpu-b"]))
+        assert (status, answer["NodeNames"]) == (200, ["gpu-a", "gpu-b"])
+
+
 # ---------------------------------------------------------------- bind and the cache
 
 

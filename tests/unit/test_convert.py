@@ -1024,6 +1024,58 @@ def test_a_node_selector_term_that_is_no_object_leaves_the_affinity_to_kube_sche
     assert any("node selector term" in p for p in pod.problems)
 
 
+_TERM = {"labelSelector": {"matchLabels": {"app": "x"}}, "topologyKey": "kubernetes.io/hostname"}
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+@pytest.mark.parametrize(
+    ("spec", "prefers"),
+    [
+        pytest.param({}, False, id="nothing"),
+        pytest.param(
+            {"affinity": {"nodeAffinity": {_PREFERRED: [{"weight": 1, "preference": {}}]}}},
+            True,
+            id="preferred node affinity",
+        ),
+        pytest.param(
+            {"affinity": {"podAffinity": {_PREFERRED: [{"weight": 5, "podAffinityTerm": _TERM}]}}},
+            True,
+            id="preferred pod affinity",
+        ),
+        pytest.param(
+            {"affinity": {"podAntiAffinity": {_PREFERRED: [{"weight": 5, "podAffinityTerm": {}}]}}},
+            True,
+            id="preferred pod anti-affinity",
+        ),
+        pytest.param(
+            {"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "ScheduleAnyway"}]},
+            True,
+            id="a spread that allows skew",
+        ),
+        pytest.param(
+            {"topologySpreadConstraints": ["unreadable"]}, True, id="an unreadable spread"
+        ),
+        pytest.param(
+            {"topologySpreadConstraints": [{"maxSkew": 1, "whenUnsatisfiable": "DoNotSchedule"}]},
+            False,
+            id="a spread kube-scheduler filters by",
+        ),
+        pytest.param(
+            {"affinity": {"podAffinity": {_REQUIRED: [_TERM]}, "nodeAffinity": {_PREFERRED: []}}},
+            False,
+            id="required pod affinity, empty preferences",
+        ),
+    ],
+)
+def test_a_pending_pod_says_whether_it_prefers_what_only_kube_scheduler_scores(
+    spec: dict[str, Any], prefers: bool
+) -> None:
+    selection = pod_from_json(_with_spec(pod_json(gpus=1), **spec)).demand.selection
+    assert selection is not None
+    assert selection.prefers is prefers
+
+
 # ================================================================ times (reservations)
 
 

@@ -5,13 +5,25 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from cluster.convert.nodes import node_from_json
-from cluster.model import Allocation, NodeName, PodDemand, PodInfo, PodKey
+from cluster.model import (
+    UNCONSTRAINED,
+    Allocation,
+    NodeName,
+    NodeSelection,
+    PodDemand,
+    PodInfo,
+    PodKey,
+    Taint,
+    Toleration,
+)
 from cluster.snapshot import Snapshot
 from extender import decide
+from extender.config import ExtenderConfig
 from extender.decide import BindPlan, BindRefusal, NodeVictims, Victim
 from tests import builders
 from tests.unit.test_extender_builders import (
@@ -55,6 +67,71 @@ def test_filter_counts_assumed_pods() -> None:
     cache.assume(info, Allocation(NodeName("n1"), (0, 1, 2, 3), 1000))
     outcome = decide.filter_nodes(cache.snapshot(), pod("c", demand(8)), ["n1"], CONFIG, NOW)
     assert outcome.failed == {"n1": "4 healthy GPUs free, pod needs 8"}
+
+
+# ---------------------------------------------------------------- choosing in filter
+
+CHOOSING = replace(CONFIG, choose_in_filter=True)
+PREFERS = NodeSelection(prefers=True)
+SOFT_TAINT = Taint("example.com/spot", "true", "PreferNoSchedule")
+
+
+def _choice(
+    names: list[str],
+    *,
+    config: ExtenderConfig = CHOOSING,
+    selection: NodeSelection | None = UNCONSTRAINED,
+    tainted: str = "",
+) -> NodeName | None:
+    """Which node ``/filter`` names alone for a 4-GPU pod over ``names``: ``half`` (4 of
+    8 GPUs in use: the pod fills it), ``empty`` and ``empty2`` (8 free), ``full``."""
+    layouts = {
+        "half": "#### ....",
+        "empty": ".... ....",
+        "empty2": ".... ....",
+        "full": "#### ####",
+    }
+    nodes = [
+        replace(node(layout, name), taints=(SOFT_TAINT,) if name == tainted else ())
+        for name, layout in layouts.items()
+    ]
+    new = pod("p", replace(demand(4), selection=selection))
+    snap = snapshot(nodes)
+    outcome = decide.filter_nodes(snap, new, names, config, NOW)
+    chosen = decide.choose(snap, new, outcome, config, NOW)
+    assert replace(chosen, chosen=None) == outcome  # what fits and why not stays whole
+    return chosen.chosen
+
+
+@pytest.mark.parametrize(
+    ("names", "kwargs", "chosen"),
+    [
+        pytest.param(["empty", "half"], {}, "half", id="the best score, though named last"),
+        pytest.param(["half", "empty"], {}, "half", id="the best score, named first"),
+        pytest.param(["empty", "empty2"], {}, "empty", id="equals: the first named"),
+        pytest.param(["empty2", "empty"], {}, "empty2", id="equals: the first named again"),
+        pytest.param(["full", "half"], {}, None, id="one fits: nothing to choose"),
+        pytest.param(["empty", "half"], {"config": CONFIG}, None, id="off"),
+        pytest.param(["empty", "half"], {"selection": PREFERS}, None, id="the pod prefers"),
+        pytest.param(["empty", "half"], {"selection": None}, None, id="selection unknown"),
+        pytest.param(
+            ["empty", "half"], {"tainted": "half"}, "empty", id="PreferNoSchedule: the next"
+        ),
+        pytest.param(
+            ["half", "full", "empty"], {"tainted": "empty"}, "half", id="taint on a worse one"
+        ),
+    ],
+)
+def test_choose_names_the_best_node_when_the_choice_is_the_extenders(
+    names: list[str], kwargs: dict[str, Any], chosen: str | None
+) -> None:
+    assert _choice(names, **kwargs) == chosen
+
+
+def test_choose_takes_an_avoided_node_when_every_fit_is_avoided() -> None:
+    tolerated = replace(UNCONSTRAINED, tolerations=(Toleration("example.com/spot", "Exists"),))
+    assert _choice(["empty", "half"], tainted="half", selection=tolerated) == "half"
+    assert _choice(["half"], tainted="half") is None  # one fit: kube-scheduler's anyway
 
 
 # ---------------------------------------------------------------- full Node objects

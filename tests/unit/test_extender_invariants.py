@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from cluster.model import (
     MILLI_PER_GPU,
+    UNCONSTRAINED,
     Allocation,
     GangId,
     GangSpec,
@@ -200,6 +201,26 @@ def test_a_node_that_passes_every_filter_can_be_bound(
             assert plan.allocation.indices == choose_gpus(node, new.demand, config)
     wire = decide.prioritize(snap, new, sorted(snap.nodes), config, NOW)
     assert all(isinstance(s, int) and 0 <= s <= 10 for s in wire)
+
+
+@given(cluster=gang_clusters(), config=CONFIGS)
+def test_the_node_chosen_in_filter_fits_and_scores_best_first_named_among_equals(
+    cluster: tuple[Snapshot, PodInfo], config: ExtenderConfig
+) -> None:
+    snap, new = cluster
+    new = replace(new, demand=replace(new.demand, selection=UNCONSTRAINED))
+    config = replace(config, choose_in_filter=True)
+    outcome = decide.filter_nodes(snap, new, sorted(snap.nodes), config, NOW)
+    narrowed = decide.choose(snap, new, outcome, config, NOW)
+    assert replace(narrowed, chosen=None) == outcome
+    if len(outcome.fits) < 2:
+        assert narrowed.chosen is None
+        return
+    scores = dict(
+        zip(outcome.fits, decide.score_nodes(snap, new, outcome.fits, config, NOW), strict=True)
+    )
+    best = max(s for s in scores.values() if s is not None)
+    assert narrowed.chosen == next(name for name in outcome.fits if scores[name] == best)
 
 
 # ---------------------------------------------------------------- preemption

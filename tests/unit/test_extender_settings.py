@@ -70,6 +70,26 @@ def test_pod_mix_and_cpu_stranding_from_flags_or_environment(
 
 
 @pytest.mark.parametrize(
+    ("argv", "environ", "chooses"),
+    [
+        pytest.param([], {}, False, id="off unless told"),
+        pytest.param(["--choose-in-filter"], {}, True, id="flag"),
+        pytest.param([], {"TESSERA_EXTENDER_CHOOSE_IN_FILTER": "true"}, True, id="environment"),
+        pytest.param(
+            ["--no-choose-in-filter"],
+            {"TESSERA_EXTENDER_CHOOSE_IN_FILTER": "true"},
+            False,
+            id="the flag over the environment",
+        ),
+    ],
+)
+def test_choosing_in_filter_from_a_flag_or_the_environment(
+    argv: list[str], environ: dict[str, str], chooses: bool
+) -> None:
+    assert parse_settings(argv, environ).to_config().choose_in_filter is chooses
+
+
+@pytest.mark.parametrize(
     ("argv", "said"),
     [
         pytest.param(["--cpu-stranding", "2"], "cpu_stranding", id="stranding"),
