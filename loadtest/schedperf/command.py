@@ -83,6 +83,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="percentageOfNodesToScore of the tessera profile (default: the shipped "
         "manifest's; 0: left out, kube-scheduler's adaptive sample)",
     )
+    parser.add_argument(
+        "--extender-env",
+        type=_env_item,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set in the extender's environment over its shipped Deployment's env, e.g. "
+        "TESSERA_EXTENDER_CHOOSE_IN_FILTER=false (repeatable)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--idle", type=float, default=30.0, help="end a run after this long with no bind, s"
@@ -91,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA_DIR, help="the traces")
     parser.add_argument("--workdir", type=Path, default=None, help="logs (default: temporary)")
     return parser
+
+
+def _env_item(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.startswith("TESSERA_EXTENDER_"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not TESSERA_EXTENDER_<SETTING>=<value>")
+    return name, value
 
 
 def _percent(text: str) -> int:
@@ -164,7 +180,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BinariesUnavailableError, RuntimeError) as exc:
         print(f"{MISSING_BINARIES}\n{exc}", file=sys.stderr)
         return 2
-    shipped = install.load_install(binaries / "kubectl").scheduler_configuration
+    installed = install.load_install(binaries / "kubectl")
+    shipped = installed.scheduler_configuration
+    extender_env = {**installed.extender_env, **dict(args.extender_env)}
     shipped_score = profiles.nodes_to_score(shipped)
     nodes_to_score = shipped_score if args.nodes_to_score is None else args.nodes_to_score
     clock = SystemClock()
@@ -182,12 +200,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "shipped_scheduler_config": shipped,
         "nodes_to_score": nodes_to_score,
         "nodes_to_score_shipped": shipped_score,
+        "extender_env": extender_env,
     }
     runs: list[RunRecord] = []
     with tempfile.TemporaryDirectory(prefix="tessera-sched-perf-") as tmp:
         workdir = args.workdir or Path(tmp)
         setup = Setup(binaries, shipped, nodes, pods, args.rate, args.idle, args.timeout,
-                      workdir, clock, nodes_to_score=nodes_to_score)  # fmt: skip
+                      workdir, clock, nodes_to_score=nodes_to_score,
+                      extender_env=extender_env)  # fmt: skip
         for repeat in range(args.repeats):
             for profile in [p for p in profiles.order(repeat) if p in chosen]:
                 print(f"repeat {repeat + 1}/{args.repeats}: {profile}", flush=True)

@@ -41,7 +41,7 @@ from loadtest.measure.pinned import proc_cpu_s
 from loadtest.measure.stats import scrape_counters
 from loadtest.schedperf import profiles
 from loadtest.schedperf.results import RunRecord, placement
-from loadtest.schedperf.workload import LEVELS, NAMESPACE, PodShape, pod_manifest
+from loadtest.schedperf.workload import NAMESPACE, PodShape, pod_manifest
 from loadtest.stack.controlplane import ControlPlane, Credentials, free_port
 from loadtest.stack.fleet import FakeNode
 from loadtest.stack.kubeapi import KubeApi
@@ -75,6 +75,8 @@ class Setup:
     say: Say = print
     nodes_to_score: int | None = None
     """The tessera profile's ``percentageOfNodesToScore``; None: as shipped, 0: adaptive."""
+    extender_env: Mapping[str, str] = field(default_factory=dict)
+    """The extender's environment: its shipped Deployment's settings, and any override."""
 
 
 class _Client:
@@ -306,18 +308,21 @@ def _namespace(api: KubeApi) -> None:
     api.wait(f"ServiceAccount default in namespace {NAMESPACE}", ready, timeout=60)
 
 
-def _start_extender(plane: ControlPlane, workdir: Path, clock: Clock) -> ServerProcess:
-    """``python -m extender`` with the flags and settings of the shipped Deployment (JSON
-    logs, the block/rack/hostname levels), reading the cluster as admin."""
+def _start_extender(
+    plane: ControlPlane, workdir: Path, clock: Clock, env: Mapping[str, str]
+) -> ServerProcess:
+    """``python -m extender`` with the settings of the shipped Deployment (``env``: its
+    JSON logs, its block/rack/hostname levels, what it chooses in ``/filter``), reading
+    the cluster as admin."""
     port = free_port()
     extender = ServerProcess(
         "extender",
         ["--host", "127.0.0.1", "--port", str(port),
-         "--kubeconfig", str(plane.credentials.kubeconfig),
-         "--topology-levels", LEVELS, "--log-json"],
+         "--kubeconfig", str(plane.credentials.kubeconfig)],
         workdir / "logs" / "extender.log",
         Probe(port, "/readyz"),
         clock,
+        env=env,
     )  # fmt: skip
     extender.start(timeout=120)
     return extender
@@ -374,7 +379,7 @@ def run_profile(profile: str, repeat: int, setup: Setup) -> RunRecord:
         ready_s = 0.0
         if profile == profiles.TESSERA:
             begun = clock.monotonic()
-            running.extender = _start_extender(plane, workdir, clock)
+            running.extender = _start_extender(plane, workdir, clock, setup.extender_env)
             ready_s = clock.monotonic() - begun
             url = f"http://127.0.0.1:{running.extender.probe.port}"
         config = profiles.scheduler_config(

@@ -25,7 +25,10 @@ import yaml
 from certs.manifests import set_ca_bundle
 from certs.plan import make_plan
 from cluster import labels
+from cluster.convert.grammar import parse_topology_levels
+from extender.__main__ import parse_settings
 from extender.settings import ExtenderSettings
+from loadtest.schedperf.workload import LEVELS
 from server.deadline import parse_go_duration
 from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES
 from webhook.settings import MAX_TIMEOUT_S, WebhookSettings
@@ -566,6 +569,18 @@ def test_the_extender_sidecar_listens_where_the_scheduler_calls_it() -> None:
     assert config_path == f"{mount['mountPath']}/config.yaml"
     (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
     assert volume["configMap"]["name"] == "tessera-scheduler-config"
+
+
+def test_the_extender_sidecars_settings_choose_in_filter_over_the_example_levels() -> None:
+    sidecar = container(one("Deployment", "tessera-scheduler"), "extender")
+    environ = {e["name"]: e["value"] for e in sidecar["env"]}
+    config = parse_settings(sidecar["args"][1:], environ).to_config()
+    # kube-scheduler gets one node for a pod without preferences of its own, and binds
+    # it there unscored; /prioritize stays configured for the pods that have some
+    assert config.choose_in_filter is True
+    assert scheduler_config()["extenders"][0]["prioritizeVerb"] == "prioritize"
+    # the levels the load tests' nodes carry (sched-perf runs the extender with this env)
+    assert config.level_labels == tuple(label for _, label in parse_topology_levels(LEVELS))
 
 
 # ---------------------------------------------------------------- metrics and deadlines
