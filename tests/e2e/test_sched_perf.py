@@ -62,8 +62,12 @@ def test_every_profile_binds_every_pod_once_and_the_report_has_its_shape(
         cpu = figures["cpu_ms_per_pod"]
         assert all(cpu[c] > 0 for c in ("scheduler", "apiserver", "etcd")), (profile, cpu)
         assert figures["placement"]["gpu_conflicts"] == 0
+        # counted from kube-apiserver's own metrics: one Binding for every pod bound
+        assert figures["requests_per_pod"]["POST pods/binding"] == 1.0, (profile, figures)
     tessera = report["tessera"]
     assert tessera["bound"] == PODS, tessera["placement"]
+    # kube-scheduler's own count: each pod scheduled once, by the shipped profile
+    assert tessera["attempts_per_pod"]["scheduled"] == 1.0, tessera["attempts_per_pod"]
     assert tessera["cpu_ms_per_pod"]["extender"] > 0
     assert report["in_tree"]["cpu_ms_per_pod"]["extender"] is None
     # the extender bound every pod, recording its GPUs, and kept NVLink islands whole
