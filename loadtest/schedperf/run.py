@@ -494,10 +494,9 @@ def _counts(plane: ControlPlane, since: _Counts | None = None) -> _Counts:
     }
     if since is None:
         return requests, attempts
-    before_requests, before_attempts = since
-    return (
-        {k: n - before_requests.get(k, 0.0) for k, n in requests.items()
-         if n > before_requests.get(k, 0.0)},
-        {k: n - before_attempts.get(k, 0.0) for k, n in attempts.items()
-         if n > before_attempts.get(k, 0.0)},
-    )  # fmt: skip
+    return _grown(requests, since[0]), _grown(attempts, since[1])
+
+
+def _grown(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """What each counter gained since ``before``, those that gained anything."""
+    return {k: n - before.get(k, 0.0) for k, n in now.items() if n > before.get(k, 0.0)}
