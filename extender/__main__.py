@@ -13,7 +13,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,31 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
     switch("insecure-bind-any", "serve plain HTTP on a non-loopback address anyway")
     flag("cluster-file", help="nodes and pods from this file (kubectl get -o yaml); no API")
     flag("kubeconfig", help="watch and bind through this kubeconfig (default: in-cluster)")
+    _placement_flags(flag, switch)
+    _reservation_flags(flag)
+    flag("assume-ttl", dest="assume_ttl_s", type=float, help="seconds a bind stays assumed")
+    flag("bind-timeout", dest="bind_timeout_s", type=float, help="API budget of one bind (s)")
+    add_serving_flags(flag)
+    _cache_flags(flag)
+    flag("log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    switch("log-json", "log one JSON object per line")
+    args = parser.parse_args(argv)
+    values = {k: v for k, v in vars(args).items() if v is not None}
+    try:
+        return ExtenderSettings(**values)
+    except ValidationError as exc:
+        parser.exit(2, f"{PROG}: error: {one_line(exc)}\n")
+
+
+Flag = Callable[..., None]
+"""Adds ``--<name>`` with its ``TESSERA_EXTENDER_<NAME>`` default (argparse keywords)."""
+Switch = Callable[[str, str], None]
+"""Adds ``--<name>``/``--no-<name>`` with its environment default and a help text."""
+
+
+def _placement_flags(flag: Flag, switch: Switch) -> None:
+    """What shapes placement: topology, scoring weights, islands, the pod mix, and
+    whether ``/filter`` chooses the node."""
     flag("topology-levels", help=f"name=node-label pairs, widest first (default {DEFAULT_LEVELS})")
     flag("weight-packing", type=float, help="weight of fragmentation-aware packing")
     flag("weight-island-fit", type=float, help="weight of NVLink island best fit")
@@ -99,6 +124,10 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
         "affinity or a ScheduleAnyway spread), so kube-scheduler binds it there without "
         "scoring or calling /prioritize (default off)",
     )
+
+
+def _reservation_flags(flag: Flag) -> None:
+    """How waiting gangs hold nodes (``extender.holds``)."""
     flag(
         "max-reservations",
         type=int,
@@ -122,9 +151,11 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
         "reservation-namespace",
         help="namespace of the Leases that record reservations (default tessera-system)",
     )
-    flag("assume-ttl", dest="assume_ttl_s", type=float, help="seconds a bind stays assumed")
-    flag("bind-timeout", dest="bind_timeout_s", type=float, help="API budget of one bind (s)")
-    add_serving_flags(flag)
+
+
+def _cache_flags(flag: Flag) -> None:
+    """How long an answer may take, how old the cache may be, and what is kept for
+    ``tessera why``."""
     flag(
         "request-timeout",
         dest="request_timeout_s",
@@ -144,14 +175,6 @@ def parse_settings(argv: Sequence[str], environ: Mapping[str, str]) -> ExtenderS
         help="pods whose last /filter reasons GET /debug/reasons (on the metrics listener) "
         "can show, for `tessera why` (default 2048; 0: none)",
     )
-    flag("log-level", help="DEBUG, INFO, WARNING (default INFO)")
-    switch("log-json", "log one JSON object per line")
-    args = parser.parse_args(argv)
-    values = {k: v for k, v in vars(args).items() if v is not None}
-    try:
-        return ExtenderSettings(**values)
-    except ValidationError as exc:
-        parser.exit(2, f"{PROG}: error: {one_line(exc)}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
