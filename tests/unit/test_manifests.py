@@ -29,6 +29,7 @@ from cluster.convert.grammar import parse_topology_levels
 from extender.__main__ import parse_settings
 from extender.settings import ExtenderSettings
 from loadtest.schedperf.workload import LEVELS
+from loadtest.stack import install
 from server.deadline import parse_go_duration
 from webhook.owners import JOB_CONTROLLER_USERNAMES, JOBSET_CONTROLLER_USERNAMES
 from webhook.settings import MAX_TIMEOUT_S, WebhookSettings
@@ -581,6 +582,8 @@ def test_the_extender_sidecars_settings_choose_in_filter_over_the_example_levels
     assert scheduler_config()["extenders"][0]["prioritizeVerb"] == "prioritize"
     # the levels the load tests' nodes carry (sched-perf runs the extender with this env)
     assert config.level_labels == tuple(label for _, label in parse_topology_levels(LEVELS))
+    # and sched-perf and the e2e stack read that very env out of the manifests
+    assert install._server_env([doc.obj for doc in INSTALL], "extender") == environ
 
 
 # ---------------------------------------------------------------- metrics and deadlines
