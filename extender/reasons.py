@@ -51,20 +51,21 @@ PODS_PER_QUERY: Final = 32
 
 @dataclass(slots=True)
 class _Entry:
-    """One pod's last ``/filter`` and ``/bind``: as recorded, nothing copied."""
+    """One pod's last ``/filter`` and ``/bind``: the counts and a few fitting names, and
+    the answer's maps of refused nodes while they are kept (nothing copied)."""
 
     pod: PodInfo
     first_at: datetime
     at: datetime
     filters: int
-    outcome: FilterOutcome
+    fit: int
+    fit_examples: tuple[NodeName, ...]
+    refused: int
     tallies: Tallies
-    maps_kept: bool
+    # Held only while named: the outcome itself is not kept, since its names (every
+    # candidate's, decoded afresh for each request) would outlive the bound on names.
+    maps: tuple[Mapping[NodeName, str], ...] | None
     bind: BindNote | None = None
-
-    @property
-    def refused(self) -> int:
-        return len(self.outcome.failed) + len(self.outcome.unresolvable)
 
 
 class ReasonStore:
@@ -104,14 +105,17 @@ class ReasonStore:
         first, filters = now, 1
         if old is not None and (old.pod.uid == pod.uid or not pod.uid):
             first, filters = old.first_at, old.filters + 1
-        entry = _Entry(pod, first, now, filters, outcome, tallies, maps_kept=False)
+        refused = len(outcome.failed) + len(outcome.unresolvable)
+        fits = outcome.fits
+        entry = _Entry(
+            pod, first, now, filters, len(fits), fits[:EXAMPLES_KEPT], refused, tallies, None
+        )
         self._entries[key] = entry
         while len(self._entries) > self._max_pods:
             gone, _ = self._entries.popitem(last=False)
             self._unname(gone)
-        refused = entry.refused
         if refused and refused <= self._max_nodes:
-            entry.maps_kept = True
+            entry.maps = (outcome.unresolvable, outcome.failed)
             self._named[key] = refused
             self._named_nodes += refused
             while self._named_nodes > self._max_nodes:
@@ -134,18 +138,14 @@ class ReasonStore:
         self._named_nodes -= count
         entry = self._entries.get(key)
         if entry is not None:
-            entry.maps_kept = False
+            entry.maps = None
 
     def get(self, key: str) -> PodReasons | None:
         """The pod's record as a frozen copy (``None``: not filtered lately)."""
         entry = self._entries.get(PodKey(key))
         if entry is None:
             return None
-        outcome = entry.outcome
-        maps: tuple[Mapping[NodeName, str], ...] = ()
-        if entry.maps_kept:
-            maps = (outcome.unresolvable, outcome.failed)
-        groups, other_reasons, other_nodes = group_reasons(entry.tallies, refused=maps)
+        groups, other_reasons, other_nodes = group_reasons(entry.tallies, refused=entry.maps or ())
         return PodReasons(
             pod=entry.pod.key,
             uid=entry.pod.uid,
@@ -153,12 +153,12 @@ class ReasonStore:
             at=entry.at,
             filters=entry.filters,
             demand=demand_json(entry.pod.demand),
-            candidates=len(outcome.fits) + entry.refused,
-            fit=len(outcome.fits),
-            fit_examples=tuple(outcome.fits[:EXAMPLES_KEPT]),
+            candidates=entry.fit + entry.refused,
+            fit=entry.fit,
+            fit_examples=entry.fit_examples,
             groups=groups,
             other_reasons=other_reasons,
             other_nodes=other_nodes,
-            examples_kept=entry.maps_kept or not entry.refused,
+            examples_kept=entry.maps is not None or not entry.refused,
             bind=entry.bind,
         )

@@ -9,6 +9,7 @@ request cannot change. The words are checked on real filter answers (through
 from __future__ import annotations
 
 import dataclasses
+import tracemalloc
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -98,6 +99,28 @@ def test_a_stream_of_pods_never_grows_the_store_past_its_bounds() -> None:
     assert newest.other_reasons == 40 - GROUPS_KEPT
     assert sum(g.nodes for g in newest.groups) + newest.other_nodes == sum(range(1, 41))
     assert newest.candidates == sum(range(1, 41))
+
+
+def test_the_names_of_candidates_are_not_kept_past_the_bound_on_names() -> None:
+    # Each /filter decodes its candidates' names afresh: a record holding on to its
+    # answer would keep every candidate's name of the last max_pods pods (about 70 MB
+    # after 2,000 pods of 500 candidates), whatever max_nodes says.
+    store = ReasonStore(ManualClock(NOW), max_pods=64, max_nodes=100)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(64):
+            record(store, pod(f"p{i}"), outcome(fits=2000, cordoned=2000))
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(store) == 64
+    # 64 pods x 4,000 names of about 60 bytes would be 15 MB
+    assert kept < 1_000_000, f"the store kept {kept} bytes for 64 pods"
+    newest = store.get("team-a/p63")
+    assert newest is not None
+    assert (newest.candidates, newest.fit, newest.fit_examples) == (4000, 2000, ("n0", "n1", "n2"))
+    assert not newest.examples_kept  # 2,000 refused names are over the bound of 100
 
 
 def test_node_names_are_kept_for_the_newest_pods_only_counts_for_the_older() -> None:
