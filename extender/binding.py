@@ -113,8 +113,11 @@ class Binds:
             await self.binder.bind(placement)
             error = ""
             self.recent.forget(placement.pod.uid)
-            if log.isEnabledFor(logging.INFO):  # the fields are built before the level is read
-                log.info(
+            # DEBUG, as kube-scheduler logs a bind only from -v=2: a line per pod at the
+            # cluster's scheduling rate costs a twentieth of the extender's CPU, and the
+            # bind is on record anyway (kube-scheduler's Scheduled event, our metrics).
+            if log.isEnabledFor(logging.DEBUG):  # the fields are built before the level is read
+                log.debug(
                     "bound",
                     extra=logs.fields(pod=key, node=placement.node, gpus=placement.annotation),
                 )
