@@ -29,6 +29,7 @@ from extender.config import ExtenderConfig
 from extender.context import Fit, PodContext
 from extender.filters import filter_node_selection
 from extender.gpus import choose_gpus, pod_fits
+from extender.memo import DecisionCache
 
 Nodes = Mapping[NodeName, NodeState]
 _PLAIN = ExtenderConfig()
@@ -179,6 +180,7 @@ def allowed(node: NodeState, ask: Ask) -> bool:
         PodDemand(gpus=ask.gpus, selection=ask.selection),
         datetime.min.replace(tzinfo=UTC),
         _PLAIN,
+        memo=DecisionCache(_PLAIN, keep=False),
     )
     return isinstance(filter_node_selection(context, node), Fit)
 

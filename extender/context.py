@@ -120,8 +120,8 @@ _NO_PROMISES: Final[Mapping[NodeName, tuple[Promise, ...]]] = MappingProxyType({
 class PodContext:
     """What every filter and scorer reads about the pod, built once per request.
 
-    ``memo`` must be a cache of ``config`` (``ValueError`` otherwise); without one the
-    context gets a fresh cache of its own, which remembers nothing beyond it.
+    ``memo`` must be a cache of ``config`` (``ValueError`` otherwise); a caller with
+    nothing to remember across requests passes a fresh one.
     """
 
     pod: PodKey
@@ -133,7 +133,7 @@ class PodContext:
         default_factory=lambda: _NO_PROMISES, repr=False, compare=False
     )
     """Per node held by a gang's reservation, its promises (``Snapshot.promises``)."""
-    memo: DecisionCache = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    memo: DecisionCache = field(kw_only=True, repr=False, compare=False)
     shape: ShapeKey = field(init=False, repr=False, compare=False)
     """What the node-only filters read of the pod: the key of their verdicts."""
     fit_shape: FitShape = field(init=False, repr=False, compare=False)
@@ -154,11 +154,8 @@ class PodContext:
     maintenance window share it, reason text and all."""
 
     def __post_init__(self) -> None:
-        memo: DecisionCache | None = self.memo
-        if memo is None:
-            memo = DecisionCache(self.config)
-            object.__setattr__(self, "memo", memo)
-        elif memo.config is not self.config:
+        memo = self.memo
+        if memo.config is not self.config:
             raise ValueError("a decision cache answers only for the config it was made for")
         d = self.demand
         tables = memo.shape_tables(d)

@@ -16,6 +16,7 @@ from cluster.convert.nodes import node_from_json
 from cluster.model import PodKey
 from extender.config import ExtenderConfig, mix_from_demands
 from extender.context import PodContext
+from extender.memo import DecisionCache
 from extender.scores import score_node
 from loadtest.inputs.asks import PodAsk
 from loadtest.inputs.seeds import parse_seeds
@@ -279,7 +280,8 @@ def test_the_harness_scores_nodes_as_the_extenders_score_node(
     )
     harness.gpus[0] = list(frees)
     node = node_state("n", "G2", frees, 20000, 65536)
-    ctx = PodContext(pod=PodKey("t/p"), demand=demand_of(shape), now=NOW, config=config)
+    memo = DecisionCache(config)
+    ctx = PodContext(pod=PodKey("t/p"), demand=demand_of(shape), now=NOW, config=config, memo=memo)
     assert Tessera(config, integer=False).score(harness, 0, shape) == score_node(ctx, node)
 
 
