@@ -183,21 +183,31 @@ def _log_tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _get(port: int, path: str, *, context: ssl.SSLContext | None, token: str = "") -> int:
-    """The status of a GET on loopback, 0 when nothing answers yet."""
+def _fetch(
+    port: int, path: str, *, context: ssl.SSLContext | None, token: str = "", timeout: float = 5
+) -> tuple[int, bytes]:
+    """A GET on loopback (TLS with ``context``): its status and body. Raises ``OSError``
+    or ``http.client.HTTPException`` when nothing answers."""
     conn: http.client.HTTPConnection = (
-        http.client.HTTPSConnection(LOOPBACK, port, timeout=5, context=context)
+        http.client.HTTPSConnection(LOOPBACK, port, timeout=timeout, context=context)
         if context is not None
-        else http.client.HTTPConnection(LOOPBACK, port, timeout=5)
+        else http.client.HTTPConnection(LOOPBACK, port, timeout=timeout)
     )
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         conn.request("GET", path, headers=headers)
-        return conn.getresponse().status
-    except (OSError, http.client.HTTPException):
-        return 0
+        response = conn.getresponse()
+        return response.status, response.read()
     finally:
         conn.close()
+
+
+def _get(port: int, path: str, *, context: ssl.SSLContext | None, token: str = "") -> int:
+    """The status of a GET on loopback, 0 when nothing answers yet."""
+    try:
+        return _fetch(port, path, context=context, token=token)[0]
+    except (OSError, http.client.HTTPException):
+        return 0
 
 
 def _unverified_tls() -> ssl.SSLContext:
@@ -285,15 +295,9 @@ class ControlPlane:
             port, context = self._ports.scheduler, _unverified_tls()
         else:
             raise ValueError(f"no metrics page for {name!r}")
-        conn = http.client.HTTPSConnection(LOOPBACK, port, timeout=30, context=context)
-        try:
-            conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {self._token}"})
-            response = conn.getresponse()
-            body = response.read()
-        finally:
-            conn.close()
-        if response.status != http.HTTPStatus.OK:
-            raise ControlPlaneError(f"{name} /metrics: HTTP {response.status}")
+        status, body = _fetch(port, "/metrics", context=context, token=self._token, timeout=30)
+        if status != http.HTTPStatus.OK:
+            raise ControlPlaneError(f"{name} /metrics: HTTP {status}")
         return body.decode()
 
     def start(self) -> None:
