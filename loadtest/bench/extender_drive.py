@@ -272,16 +272,13 @@ async def serve_and_drive(
     *,
     clock: Clock,
     say: Callable[[str], None],
-    verb_runs: bool = True,
 ) -> dict[str, Summary]:
-    """Drive one server: the per-verb runs (unless ``verb_runs`` is false), then the
-    warm-up cycle and the cycle over the cluster's pending pods from the first, the
-    same pods for every server."""
+    """Drive one server: the per-verb runs, then the warm-up cycle and the cycle over
+    the cluster's pending pods from the first, the same pods for every server."""
     ready_s = await server.ready(clock, 600)
     say(f"[{name}] ready after {ready_s:.1f} s, RSS {server.rss_mib():.0f} MB")
     drive = _Drive(name, server, cluster, args, clock, say, {}, {})
-    if verb_runs:
-        await _verb_runs(drive)
+    await _verb_runs(drive)
     say(f"[{name}] RSS after verbs {server.rss_mib():.0f} MB")
     offset = 0
     if args.warm_cycle > 0:
