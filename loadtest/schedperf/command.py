@@ -92,6 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="set in the extender's environment over its shipped Deployment's env, e.g. "
         "TESSERA_EXTENDER_CHOOSE_IN_FILTER=false (repeatable)",
     )
+    parser.add_argument(
+        "--background",
+        type=_count,
+        default=0,
+        metavar="K",
+        help="pods bound before the measured ones, evenly over the nodes, requesting "
+        "nothing: the lists, watches and caches of a busy cluster (the extender's "
+        "restart rebuilds from all of them)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--idle", type=float, default=30.0, help="end a run after this long with no bind, s"
@@ -107,6 +116,16 @@ def _env_item(text: str) -> tuple[str, str]:
     if not sep or not name.startswith("TESSERA_EXTENDER_"):
         raise argparse.ArgumentTypeError(f"{text!r} is not TESSERA_EXTENDER_<SETTING>=<value>")
     return name, value
+
+
+def _count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count of pods (0 or more)")
+    return count
 
 
 def _percent(text: str) -> int:
@@ -201,13 +220,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "nodes_to_score": nodes_to_score,
         "nodes_to_score_shipped": shipped_score,
         "extender_env": extender_env,
+        "background": args.background,
     }
     runs: list[RunRecord] = []
     with tempfile.TemporaryDirectory(prefix="tessera-sched-perf-") as tmp:
         workdir = args.workdir or Path(tmp)
         setup = Setup(binaries, shipped, nodes, pods, args.rate, args.idle, args.timeout,
                       workdir, clock, nodes_to_score=nodes_to_score,
-                      extender_env=extender_env)  # fmt: skip
+                      extender_env=extender_env, background=args.background)  # fmt: skip
         for repeat in range(args.repeats):
             for profile in [p for p in profiles.order(repeat) if p in chosen]:
                 print(f"repeat {repeat + 1}/{args.repeats}: {profile}", flush=True)

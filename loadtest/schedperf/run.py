@@ -8,7 +8,8 @@ do) and must not leave a process running when ``run_profile`` returns or raises.
 Each run starts from nothing: etcd with a fresh data folder, kube-apiserver, a
 kube-controller-manager that only makes ServiceAccounts, then the nodes (created,
 made Ready and untainted through the API, several at a time over keep-alive
-connections), then (``tessera``) the extender as the shipped Deployment runs it, then
+connections), then the background pods if any (bound at creation), then (``tessera``)
+the extender as the shipped Deployment runs it, then
 kube-scheduler with the profile's configuration. Only then the clock starts: a watch on
 the pods, a sampler of the processes' CPU, and the pods created over a few keep-alive
 connections, all at once or at a fixed rate. The run ends when every pod is bound, or
@@ -41,7 +42,13 @@ from loadtest.measure.pinned import proc_cpu_s
 from loadtest.measure.stats import scrape_counters
 from loadtest.schedperf import profiles
 from loadtest.schedperf.results import RunRecord, placement
-from loadtest.schedperf.workload import NAMESPACE, PodShape, pod_manifest
+from loadtest.schedperf.workload import (
+    BACKGROUND_NAMESPACE,
+    NAMESPACE,
+    PodShape,
+    background_pods,
+    pod_manifest,
+)
 from loadtest.stack.controlplane import ControlPlane, Credentials, free_port
 from loadtest.stack.fleet import FakeNode
 from loadtest.stack.kubeapi import KubeApi
@@ -77,6 +84,8 @@ class Setup:
     """The tessera profile's ``percentageOfNodesToScore``; None: as shipped, 0: adaptive."""
     extender_env: Mapping[str, str] = field(default_factory=dict)
     """The extender's environment: its shipped Deployment's settings, and any override."""
+    background: int = 0
+    """Pods bound before the measured ones (``workload.background_pods``)."""
 
 
 class _Client:
@@ -297,15 +306,27 @@ def _create_pods(
     return created
 
 
-def _namespace(api: KubeApi) -> None:
+def _namespace(api: KubeApi, name: str = NAMESPACE) -> None:
     api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                      "metadata": {"name": NAMESPACE}})  # fmt: skip
+                                      "metadata": {"name": name}})  # fmt: skip
 
     def ready() -> bool | None:
-        found = api.items(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts")
+        found = api.items(f"/api/v1/namespaces/{name}/serviceaccounts")
         return True if any(a["metadata"]["name"] == "default" for a in found) else None
 
-    api.wait(f"ServiceAccount default in namespace {NAMESPACE}", ready, timeout=60)
+    # the ServiceAccount admission plugin refuses pods until their namespace's default exists
+    api.wait(f"ServiceAccount default in namespace {name}", ready, timeout=60)
+
+
+def create_background(credentials: Credentials, pods: Sequence[Mapping[str, Any]]) -> None:
+    """POST the background pods, already bound, several at a time."""
+    path = f"/api/v1/namespaces/{BACKGROUND_NAMESPACE}/pods"
+
+    def one(client: _Client, pod: Mapping[str, Any]) -> None:
+        _ok(*client.send("POST", path, pod, "application/json"),
+            f"create background pod {pod['metadata']['name']}")  # fmt: skip
+
+    _in_parallel(credentials, pods, one)
 
 
 def _start_extender(
@@ -375,6 +396,11 @@ def run_profile(profile: str, repeat: int, setup: Setup) -> RunRecord:
         begun = clock.monotonic()
         create_nodes(plane.credentials, setup.nodes, clock.now())
         say(f"  {len(setup.nodes)} nodes in {clock.monotonic() - begun:.1f} s")
+        if setup.background:
+            _namespace(api, BACKGROUND_NAMESPACE)
+            begun = clock.monotonic()
+            create_background(plane.credentials, background_pods(setup.nodes, setup.background))
+            say(f"  {setup.background} background pods in {clock.monotonic() - begun:.1f} s")
         url = ""
         ready_s = 0.0
         if profile == profiles.TESSERA:

@@ -20,6 +20,12 @@ gets the very same pods, so kube-scheduler's ``InterPodAffinity`` keeps a gang's
 members in its first member's rack in the in-tree profiles too; only the extender
 chooses a rack with room for the whole gang. Gang members are created one after the
 other.
+
+Background (``background_pods``): pods already bound when the measured ones come, spread
+evenly over the nodes in a namespace of their own: the agents and sidecars of a busy
+cluster. They request nothing, so every profile places the measured pods as it would
+without them; what they add is objects: kube-apiserver's lists and watches, kube-scheduler's
+and the extender's caches, and the extender's rebuild after a restart.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ Obj = dict[str, Any]
 
 POOL: Final = "sched-perf"
 NAMESPACE: Final = "sched-perf"
+BACKGROUND_NAMESPACE: Final = "sched-perf-background"
 NODES_PER_RACK: Final = 4
 RACKS_PER_BLOCK: Final = 4
 GPUS_PER_NODE: Final = 8
@@ -178,3 +185,28 @@ def pod_manifest(shape: PodShape, scheduler: str, namespace: str = NAMESPACE) ->
             }
         }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def background_pods(nodes: Sequence[FakeNode], count: int) -> list[Obj]:
+    """``count`` pods bound at creation (``spec.nodeName``), round-robin over ``nodes``
+    (so no node gets more than one above another), requesting nothing."""
+    if count and not nodes:
+        raise ValueError("background pods need nodes to be bound to")
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"bg-{i:06d}",
+                "namespace": BACKGROUND_NAMESPACE,
+                "labels": {"app": BACKGROUND_NAMESPACE},
+            },
+            "spec": {
+                "nodeName": nodes[i % len(nodes)].name,
+                "automountServiceAccountToken": False,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [{"name": "agent", "image": "registry.example.com/agent:1"}],
+            },
+        }
+        for i in range(count)
+    ]

@@ -30,6 +30,8 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = ("in_tree", "in_tree_default", "tessera")
 NODES, PODS = 20, 40
+BACKGROUND = 60
+"""Pods bound before the measured ones: three a node, in a namespace of their own."""
 
 
 def test_every_profile_binds_every_pod_once_and_the_report_has_its_shape(
@@ -45,13 +47,17 @@ def test_every_profile_binds_every_pod_once_and_the_report_has_its_shape(
     report_path = tmp_path / "sched-perf.json"
     done = subprocess.run(
         [sys.executable, "-m", "loadtest", "sched-perf", "--nodes", str(NODES),
-         "--pods", str(PODS), "--repeats", "1", "--idle", "20", "--json", str(report_path)],
+         "--pods", str(PODS), "--repeats", "1", "--idle", "20", "--json", str(report_path),
+         "--background", str(BACKGROUND)],
         cwd=REPO, capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tessera/in_tree" in done.stdout
     report = jsonio.loads(report_path.read_bytes())
     assert (report["nodes"], report["pods"]) == (NODES, PODS)
+    # the background was created (bound) in every run, and is not counted as measured
+    assert report["settings"]["background"] == BACKGROUND
+    assert done.stdout.count(f"{BACKGROUND} background pods in") == len(PROFILES)
     for profile in PROFILES:
         figures = report[profile]
         unbound = figures["placement"]["unschedulable_by_size"]

@@ -20,7 +20,14 @@ from loadtest.schedperf.results import (
     report,
     steady_throughput,
 )
-from loadtest.schedperf.workload import hgx_nodes, is_gang_member, pod_manifest, shapes
+from loadtest.schedperf.workload import (
+    BACKGROUND_NAMESPACE,
+    background_pods,
+    hgx_nodes,
+    is_gang_member,
+    pod_manifest,
+    shapes,
+)
 from loadtest.stack.fleet import RACK
 from tests.unit.test_manifests import scheduler_config as shipped_config
 from webhook.rules.placement import gang_affinity
@@ -177,6 +184,37 @@ def test_nodes_are_hgx_boards_four_to_a_rack() -> None:
     assert nodes[16].block == "block-001"
     manifest = nodes[0].manifest(__import__("datetime").datetime(2026, 1, 1))
     assert manifest["metadata"]["annotations"][labels.NVLINK_ISLANDS] == "0-3,4-7"
+
+
+def test_background_pods_are_bound_evenly_apart_from_the_measured_ones_and_ask_nothing() -> None:
+    nodes = hgx_nodes(4)
+    pods = background_pods(nodes, 10)
+    per_node: dict[str, int] = {}
+    for pod in pods:
+        per_node[pod["spec"]["nodeName"]] = per_node.get(pod["spec"]["nodeName"], 0) + 1
+        # in a namespace of its own: the run's watch and placement read only NAMESPACE
+        assert pod["metadata"]["namespace"] == BACKGROUND_NAMESPACE
+        # no request: every profile places the measured pods as it would without them
+        assert all("resources" not in c for c in pod["spec"]["containers"])
+    assert per_node == {"gpu-00000": 3, "gpu-00001": 3, "gpu-00002": 2, "gpu-00003": 2}
+    assert len({pod["metadata"]["name"] for pod in pods}) == 10
+    assert background_pods(nodes, 0) == []
+    with pytest.raises(ValueError, match="need nodes"):
+        background_pods([], 1)
+
+
+@pytest.mark.parametrize(("given", "expected"), [([], 0), (["--background", "150000"], 150000)])
+def test_the_background_is_a_count_of_pods(given: list[str], expected: int) -> None:
+    assert command.build_parser().parse_args(given).background == expected
+
+
+@pytest.mark.parametrize("bad", ["-1", "many"])
+def test_a_background_that_is_no_count_is_refused(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        command.build_parser().parse_args(["--background", bad])
+    assert "is not a count of pods" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------- figures
