@@ -1273,6 +1273,8 @@ async def test_main_serves_a_cluster_file_over_mutual_tls_and_stops_on_sigterm(
         env=main_env(
             TESSERA_EXTENDER_TOPOLOGY_LEVELS=LEVELS_TEXT,
             TESSERA_EXTENDER_METRICS_PORT=str(metrics_port),
+            # a bind that lands is logged at DEBUG only (a line per pod costs CPU)
+            TESSERA_EXTENDER_LOG_LEVEL="DEBUG",
         ),
     ) as server:
         connector = aiohttp.TCPConnector(ssl=context)

@@ -7,6 +7,7 @@ binds the pod once.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -57,6 +58,24 @@ async def test_a_bind_holds_its_gpus_once_decided_and_the_binder_records_them() 
     assert cache.snapshot().pods[pod("a").key].node == NODE
     assert len(observed) == 1  # the Binding's duration was measured
     assert not binds.inflight
+
+
+@pytest.mark.parametrize(("level", "lines"), [(logging.INFO, 0), (logging.DEBUG, 1)])
+async def test_a_bind_that_lands_is_logged_at_debug_and_one_that_fails_at_warning(
+    caplog: pytest.LogCaptureFixture, level: int, lines: int
+) -> None:
+    # kube-scheduler logs a bind from -v=2 only: a line per pod is not worth its CPU
+    cache = cluster([node(".... ....")], [pod("a"), pod("b")])
+    binds, _ = binds_of(cache, MemoryBinder(cache))
+    caplog.set_level(level, logger="extender.binding")
+    assert await binds.bind(step_for(cache, "a")) == ""
+    assert [r.getMessage() for r in caplog.records].count("bound") == lines
+    failing, _ = binds_of(cache, FailingBinder(False))
+    assert await failing.bind(step_for(cache, "b")) != ""
+    assert [(r.levelno, r.getMessage()) for r in caplog.records][-1] == (
+        logging.WARNING,
+        "bind failed",
+    )
 
 
 @pytest.mark.parametrize(
