@@ -30,7 +30,15 @@ from typing import Final, Protocol
 
 from cluster import logs
 from cluster.clock import Clock, SystemClock
-from cluster.kube import ApiError, JsonObject, JsonObjects, KubeError, Params, WatchEvent
+from cluster.kube import (
+    LIST_PAGE_SIZE,
+    ApiError,
+    JsonObject,
+    JsonObjects,
+    KubeError,
+    Params,
+    WatchEvent,
+)
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +61,7 @@ class ListWatchClient(Protocol):
         path: str,
         params: Params | None = None,
         *,
-        page_size: int = 500,
+        page_size: int = LIST_PAGE_SIZE,
         metadata_only: bool = False,
     ) -> tuple[JsonObjects, str]: ...
 
@@ -118,7 +126,7 @@ class Informer:
         field_selector: str | None = None,
         label_selector: str | None = None,
         metadata_only: bool = False,
-        page_size: int = 500,
+        page_size: int = LIST_PAGE_SIZE,
         watch_timeout_s: int = 300,
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
