@@ -108,7 +108,15 @@ class ReasonStore:
         refused = len(outcome.failed) + len(outcome.unresolvable)
         fits = outcome.fits
         entry = _Entry(
-            pod, first, now, filters, len(fits), fits[:EXAMPLES_KEPT], refused, tallies, None
+            pod=pod,
+            first_at=first,
+            at=now,
+            filters=filters,
+            fit=len(fits),
+            fit_examples=fits[:EXAMPLES_KEPT],
+            refused=refused,
+            tallies=tallies,
+            maps=None,
         )
         self._entries[key] = entry
         while len(self._entries) > self._max_pods:
