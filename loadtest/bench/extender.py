@@ -19,12 +19,14 @@ runs and the cycle); this module runs them in order and prints the comparisons.
    ``loadtest.bench.baseline_extender``, each pinned to one core (one after the other, never
    side by side), and drives them open-loop (coordinated-omission-safe) over HTTP/1.1:
    ``/filter`` and ``/prioritize`` with a 1-GPU pod and 500 or all node names
-   (``nodeCacheCapable: true``), then the sustained filter → prioritize → bind cycle of
-   pending pods at ``--cycle-rate`` pods/s, with per-verb service times. Before them the
-   baseline with ``--canned`` (the floor: answers from the names alone) runs the same:
-   the latency this machine and this load generator give a server that decides nothing,
-   against which issue 22 sets the extender's ``/filter`` and ``/prioritize`` at 500
-   names (p99 within ``FLOOR_MULTIPLE`` times the floor's);
+   (``nodeCacheCapable: true``; ``/filter``'s pod new at each request, ``/prioritize``'s
+   the one kube-scheduler filtered before it, as it always is), then the sustained
+   filter → prioritize → bind cycle of pending pods at ``--cycle-rate`` pods/s, with
+   per-verb service times. Before them the baseline with ``--canned`` (the floor:
+   answers from the names alone) runs the same: the latency this machine and this load
+   generator give a server that decides nothing, against which issue 22 sets the
+   extender's ``/filter`` and ``/prioritize`` at 500 names (p99 within
+   ``FLOOR_MULTIPLE`` times the floor's);
 4. a sweep of in-process filter / prioritize over 1k, 2.5k, 5k, 10k nodes: time per node.
 
 Latencies are from the intended send time (open loop); p50/p90/p99/p99.9 per verb, the

@@ -50,20 +50,27 @@ def write_cluster(path: Path, nodes: int, pods: int, seed: int) -> Cluster:
     return Cluster(path, names, pending, bound)
 
 
-def probe_pod(gpus: int = 1, milli: int = 0) -> dict[str, Any]:
+def probe_pod(gpus: int = 1, milli: int = 0, *, version: str | None = None) -> dict[str, Any]:
     """The pod of the per-verb runs: one GPU (or a share), not in the cache, no gang.
-    Without a resourceVersion, so that each request decodes it, as a new pod's would."""
+
+    Without a ``version`` (``metadata.resourceVersion``) each request decodes it, as a
+    new pod's would; with one, the extender decodes it once and knows it after, as it
+    knows the pod of a ``/prioritize`` from the ``/filter`` just before.
+    """
     resource = keys.GPU_RESOURCE if gpus else keys.GPU_MILLI_RESOURCE
     amount = str(gpus or milli)
+    metadata: dict[str, Any] = {
+        "name": "probe-0",
+        "namespace": "team-00",
+        "uid": "20000000-0000-4000-8000-000000000000",
+        "labels": {keys.QUEUE_NAME: "research"},
+    }
+    if version is not None:
+        metadata["resourceVersion"] = version
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": "probe-0",
-            "namespace": "team-00",
-            "uid": "20000000-0000-4000-8000-000000000000",
-            "labels": {keys.QUEUE_NAME: "research"},
-        },
+        "metadata": metadata,
         "spec": {
             "schedulerName": keys.DEFAULT_SCHEDULER_NAME,
             "activeDeadlineSeconds": 3600,

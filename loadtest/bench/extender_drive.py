@@ -304,10 +304,13 @@ async def _verb_runs(drive: _Drive) -> None:
     """/filter and /prioritize alone, with 500 names and with all of them."""
     name, server, cluster, args = drive.name, drive.server, drive.cluster, drive.args
     rng = random.Random(3)
-    pod = probe_pod(1)
-    small = [args_body(pod, rng.sample(cluster.names, 500)) for _ in range(20)]
-    full = [args_body(pod, cluster.names)]
-    for verb in ("filter", "prioritize"):
+    samples = [rng.sample(cluster.names, 500) for _ in range(20)]
+    # /filter's pod is new at each request; /prioritize's is the pod kube-scheduler
+    # filtered just before, same resourceVersion: the extender has it decoded already
+    pods = {"filter": probe_pod(1), "prioritize": probe_pod(1, version="1")}
+    for verb, pod in pods.items():
+        small = [args_body(pod, names) for names in samples]
+        full = [args_body(pod, cluster.names)]
         for label, bodies, rate in (
             ("500", small, args.rate_500),
             (str(len(cluster.names)), full, args.rate_all),

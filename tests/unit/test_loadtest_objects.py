@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from cluster import jsonio, labels
+from extender import wire
+from loadtest.bench.extender_cluster import probe_pod
 from loadtest.inputs import fleet, trace_input
 from loadtest.inputs.traces import TraceNode, TracePod
 from loadtest.sim import objects
@@ -200,3 +202,20 @@ def test_the_openb_trace_becomes_flavors_queues_and_one_pod_jobs() -> None:
     assert [j.at_s for j in jobs] == pytest.approx([0.0, 0.4995, 0.999])  # span squeezed
     assert [j.run_s for j in jobs] == [2.0, 2.0, 10.0]  # median 100 s -> 2 s; 1000 s capped
     assert jobs[0].job["metadata"]["annotations"] == {labels.GPU_PRODUCT: "T4"}
+
+
+@pytest.mark.parametrize(
+    ("version", "decoded_once"),
+    [
+        pytest.param(None, False, id="filter-a-new-pod-each-request"),
+        pytest.param("1", True, id="prioritize-the-pod-filtered-before"),
+    ],
+)
+def test_bench_extender_probe_pod_is_new_or_known_as_kube_scheduler_sends_it(
+    version: str | None, decoded_once: bool
+) -> None:
+    recent = wire.RecentPods(8)
+    first = recent.decode(probe_pod(1, version=version))
+    again = recent.decode(probe_pod(1, version=version))
+    assert (again is first) == decoded_once
+    assert again.demand.gpus == 1
