@@ -276,6 +276,11 @@ class PodInfo:
     priority: int = 0
     """``spec.priority`` (admission resolves the priority class into it), kept for a gang
     member waiting to be placed."""
+    version: str = field(default="", compare=False)
+    """``metadata.resourceVersion`` of a pod not bound yet ("" once bound, or without
+    one): which content of the object this record was read from. Not part of what the
+    pod is (two reads of one pod compare equal); the extender reads it to take a pod
+    kube-scheduler sends from the cache, when the watch read that same version."""
 
     @property
     def namespace(self) -> str:

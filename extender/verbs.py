@@ -112,7 +112,7 @@ def handle_filter(
     ``recent`` keeps the decoded pod, for the ``/prioritize`` and ``/bind`` that follow.
     """
     try:
-        args = wire.decode_extender_args(body, recent)
+        args = wire.decode_extender_args(body, recent, snapshot.pods)
     except wire.BadRequest as exc:
         return _bad(str(exc))
     if args.node_names is not None:
@@ -151,7 +151,7 @@ def handle_prioritize(
 ) -> Reply:
     """``POST /prioritize``: a score 0..10 per candidate, in the request's order."""
     try:
-        args = wire.decode_extender_args(body, recent)
+        args = wire.decode_extender_args(body, recent, snapshot.pods)
     except wire.BadRequest as exc:
         return _bad(str(exc))
     if args.node_names is not None:
@@ -233,7 +233,7 @@ def handle_preempt(
 ) -> Reply:
     """``POST /preempt``: the proposed nodes where eviction really helps, fewest victims."""
     try:
-        args = wire.decode_preemption_args(body, recent)
+        args = wire.decode_preemption_args(body, recent, snapshot.pods)
     except wire.BadRequest as exc:
         return _bad(str(exc))
     chosen = decide.preempt(snapshot, args.pod, args.proposals, config, now, memo=memo)

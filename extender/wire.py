@@ -246,20 +246,31 @@ class RecentPods(Mapping[str, PodInfo]):
         self._limit = limit
         self._pods: dict[str, tuple[str, PodInfo]] = {}
 
-    def decode(self, raw: Mapping[str, Any]) -> PodInfo:
-        """The pod of ``raw`` (``ConversionError`` if it is not one), kept for next time."""
+    def decode(
+        self, raw: Mapping[str, Any], known: Mapping[PodKey, PodInfo] | None = None
+    ) -> PodInfo:
+        """The pod of ``raw`` (``ConversionError`` if it is not one), kept for next time.
+
+        ``known``: the pods the watch has read (``Snapshot.pods``). A pod kube-scheduler
+        sends for the first time is most often there already, at the same
+        resourceVersion (both watch the same API server, and kube-scheduler asks a few
+        milliseconds after the pod appears): taken from there, not converted again.
+        """
         metadata = raw.get("metadata")
         uid = version = None
         if isinstance(metadata, Mapping):
             uid, version = metadata.get("uid"), metadata.get("resourceVersion")
         if not isinstance(uid, str) or not uid:
             return pod_from_json(raw)
+        versioned = isinstance(version, str) and bool(version)
         kept = self._pods.get(uid)
-        if kept is not None and isinstance(version, str) and version and kept[0] == version:
+        if kept is not None and versioned and kept[0] == version:
             del self._pods[uid]  # back in last: the most recent goes last
             self._pods[uid] = kept
             return kept[1]
-        pod = pod_from_json(raw)  # a pod that does not convert changes nothing here
+        pod = _read_before(metadata, uid, version, known) if versioned else None
+        if pod is None:
+            pod = pod_from_json(raw)  # a pod that does not convert changes nothing here
         if self._limit:
             self._pods.pop(uid, None)
             self._pods[uid] = (version if isinstance(version, str) else "", pod)
@@ -281,24 +292,50 @@ class RecentPods(Mapping[str, PodInfo]):
         return len(self._pods)
 
 
-def _pod(raw: Mapping[str, Any] | None, what: str, recent: RecentPods | None) -> PodInfo:
+def _read_before(
+    metadata: Any, uid: str, version: Any, known: Mapping[PodKey, PodInfo] | None
+) -> PodInfo | None:
+    """The pod ``known`` holds with this UID and resourceVersion, if any."""
+    if known is None:
+        return None
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    if not isinstance(name, str) or not name:
+        return None  # not a pod: conversion says why
+    namespace = namespace if isinstance(namespace, str) and namespace else "default"
+    pod = known.get(pod_key(namespace, name))
+    if pod is None or pod.uid != uid or pod.version != version:
+        return None
+    return pod
+
+
+def _pod(
+    raw: Mapping[str, Any] | None,
+    what: str,
+    recent: RecentPods | None,
+    known: Mapping[PodKey, PodInfo] | None,
+) -> PodInfo:
     if raw is None:
         raise BadRequest(f"the body is not an {what}: Pod is missing or null")
     try:
-        return pod_from_json(raw) if recent is None else recent.decode(raw)
+        return pod_from_json(raw) if recent is None else recent.decode(raw, known)
     except ConversionError as exc:
         raise BadRequest(f"the body is not an {what}: Pod: {exc}") from None
 
 
-def decode_extender_args(body: bytes, recent: RecentPods | None = None) -> ExtenderArgs:
+def decode_extender_args(
+    body: bytes,
+    recent: RecentPods | None = None,
+    known: Mapping[PodKey, PodInfo] | None = None,
+) -> ExtenderArgs:
     """An ``ExtenderArgs`` (``/filter``, ``/prioritize``); ``BadRequest`` if it is not one.
 
     Neither ``NodeNames`` nor ``Nodes`` is a valid ExtenderArgs for Go, and a logical
     problem here: it decodes, with both None, and the caller answers with ``Error``.
-    The pod is read through ``recent`` when given.
+    The pod is read through ``recent`` when given, which takes it from ``known`` (the
+    pods the watch has read) when the watch read the same version.
     """
     model = _validate(ExtenderArgsModel, body, "ExtenderArgs")
-    pod = _pod(model.Pod, "ExtenderArgs", recent)
+    pod = _pod(model.Pod, "ExtenderArgs", recent, known)
     nodes = None
     if model.Nodes is not None:
         nodes = NodeList(
@@ -325,12 +362,17 @@ def decode_binding_args(body: bytes) -> BindingArgs:
     )
 
 
-def decode_preemption_args(body: bytes, recent: RecentPods | None = None) -> PreemptionArgs:
+def decode_preemption_args(
+    body: bytes,
+    recent: RecentPods | None = None,
+    known: Mapping[PodKey, PodInfo] | None = None,
+) -> PreemptionArgs:
     """An ``ExtenderPreemptionArgs``, from ``NodeNameToMetaVictims`` (nodeCacheCapable)
-    or else ``NodeNameToVictims`` (whole victim Pods); the pod read through ``recent``."""
+    or else ``NodeNameToVictims`` (whole victim Pods); the pod read through ``recent``
+    and ``known`` (as ``decode_extender_args``)."""
     what = "ExtenderPreemptionArgs"
     model = _validate(ExtenderPreemptionArgsModel, body, what)
-    pod = _pod(model.Pod, what, recent)
+    pod = _pod(model.Pod, what, recent, known)
     proposals: dict[str, NodeVictims] = {}
     if model.NodeNameToMetaVictims is not None:
         for node, meta in model.NodeNameToMetaVictims.items():

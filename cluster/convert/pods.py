@@ -12,6 +12,8 @@ where it may go ``cluster.convert.selection``'s. Decisions a reader might otherw
   (its time limit runs from it), and for a gang member waiting to be placed its
   ``metadata.creationTimestamp`` and ``spec.priority``. One object per distinct time
   text: the members of a job are created and started within the same second.
+* A pod not bound yet keeps its ``metadata.resourceVersion`` (``PodInfo.version``): the
+  extender takes a pod kube-scheduler sends from the cache when the versions match.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def pod_from_json(obj: Mapping[str, Any]) -> PodInfo:
             demand, selection=UNCONSTRAINED if selection == UNCONSTRAINED else selection
         )
     uid = metadata.get("uid")
+    version = metadata.get("resourceVersion") if not node else None
     scheduler = spec.get("schedulerName")
     status = field_map(obj, "status")
     started, created, priority = _times(
@@ -88,6 +91,7 @@ def pod_from_json(obj: Mapping[str, Any]) -> PodInfo:
         started_at=started,
         created_at=created,
         priority=priority,
+        version=version if isinstance(version, str) else "",
     )
 
 

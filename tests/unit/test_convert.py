@@ -1109,6 +1109,29 @@ def test_a_pending_pod_has_no_start_time() -> None:
     assert pod_from_json(obj).started_at is None
 
 
+@pytest.mark.parametrize(
+    ("node", "version", "kept"),
+    [
+        pytest.param(None, "296", "296", id="pending-keeps-its-version"),
+        pytest.param("gpu-a", "296", "", id="bound-keeps-none"),
+        pytest.param(None, None, "", id="none-given"),
+        pytest.param(None, 296, "", id="not-a-string"),
+    ],
+)
+def test_a_pending_pod_keeps_its_resource_version_which_is_not_what_the_pod_is(
+    node: str | None, version: Any, kept: str
+) -> None:
+    obj = pod_json(gpus=1, node=node, gpu_indices="0" if node else None)
+    obj["metadata"].pop("resourceVersion")
+    if version is not None:
+        obj["metadata"]["resourceVersion"] = version
+    pod = pod_from_json(obj)
+    assert pod.version == kept
+    assert not pod.problems
+    obj["metadata"]["resourceVersion"] = "297"  # another read of the same content
+    assert pod_from_json(obj) == pod
+
+
 def test_members_started_in_one_second_share_one_time_object() -> None:
     objs = [pod_json(f"train-{i}", gpus=8, node=f"gpu-{i}", phase="Running") for i in range(2)]
     for obj in objs:

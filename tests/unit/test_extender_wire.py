@@ -9,10 +9,15 @@ from typing import Any
 import pytest
 
 from cluster import jsonio
+from cluster.cache import ClusterCache
+from cluster.clock import ManualClock
+from cluster.convert.pods import pod_from_json
+from cluster.feed import CacheFeed
 from cluster.model import NodeName, PodKey
-from extender import wire
+from extender import verbs, wire
 from extender.decide import FilterOutcome, NodeVictims, Victim
 from tests import builders
+from tests.unit.test_extender_builders import CONFIG, NOW
 
 POD = builders.pod_json("train-0", "team-nlp", gpus=4)
 NODE_A = builders.node_json("gpu-a")
@@ -53,6 +58,40 @@ def test_recent_pods_read_back_a_pod_only_for_the_same_uid_and_version(
     assert (two is four) == same
     assert two.demand.gpus == (4 if same else 2)
     assert recent[two.uid] is two, "/bind finds the pod last decoded under its UID"
+
+
+@pytest.mark.parametrize(
+    ("change", "taken"),
+    [
+        pytest.param({}, True, id="same-uid-and-version-taken-from-the-watch"),
+        pytest.param({"resourceVersion": "297"}, False, id="newer-version-converted"),
+        pytest.param({"uid": "another"}, False, id="re-created-pod-converted"),
+        pytest.param({"namespace": "team-cv"}, False, id="other-pod-converted"),
+    ],
+)
+def test_recent_pods_take_a_pod_the_watch_read_at_the_same_version(
+    change: dict[str, str], taken: bool
+) -> None:
+    watched = pod_from_json(POD)  # what the cache holds after the watch's event
+    known = {watched.key: watched}
+    sent = POD | {"metadata": POD["metadata"] | change}
+    recent = wire.RecentPods(10)
+    pod = recent.decode(sent, known)
+    assert (pod is watched) == taken
+    assert pod.demand.gpus == 4
+    assert recent.decode(sent, {}) is pod, "kept for /prioritize and /bind either way"
+
+
+def test_filter_takes_the_pod_the_watch_read_from_the_snapshot() -> None:
+    cache = ClusterCache(ManualClock(NOW))
+    feed = CacheFeed(cache)
+    feed.node_event("ADDED", builders.node_json("gpu-a"))
+    feed.pod_event("ADDED", POD)
+    snapshot = cache.snapshot()
+    request = body({"Pod": POD, "NodeNames": ["gpu-a"]})
+    reply = verbs.handle_filter(request, snapshot, CONFIG, NOW, recent=wire.RecentPods(8))
+    assert reply.pod is snapshot.pods[PodKey("team-nlp/train-0")]
+    assert jsonio.loads(reply.body)["NodeNames"] == ["gpu-a"]
 
 
 def test_recent_pods_keep_the_last_ones_by_uid() -> None:
