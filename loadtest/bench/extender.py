@@ -15,18 +15,18 @@ runs and the cycle); this module runs them in order and prints the comparisons.
 2. in-process micro-timings of each stage of a request (decode, filter core, score
    core, encode, whole verb, bind plan): CPU-bound loops that a noisy machine slows but
    does not confuse with queueing;
-3. starts ``python -m extender --cluster-file`` and the naive
-   ``loadtest.bench.baseline_extender``, each pinned to one core (one after the other, never
-   side by side), and drives them open-loop (coordinated-omission-safe) over HTTP/1.1:
-   ``/filter`` and ``/prioritize`` with a 1-GPU pod and 500 or all node names
-   (``nodeCacheCapable: true``; ``/filter``'s pod new at each request, ``/prioritize``'s
-   the one kube-scheduler filtered before it, as it always is), then the sustained
-   filter → prioritize → bind cycle of pending pods at ``--cycle-rate`` pods/s, with
-   per-verb service times. Before them the baseline with ``--canned`` (the floor:
-   answers from the names alone) runs the same: the latency this machine and this load
-   generator give a server that decides nothing, against which issue 22 sets the
-   extender's ``/filter`` and ``/prioritize`` at 500 names (p99 within
-   ``FLOOR_MULTIPLE`` times the floor's);
+3. starts ``python -m extender --cluster-file``, the naive
+   ``loadtest.bench.baseline_extender`` and the floor (the baseline with ``--canned``:
+   answers from the names alone, the latency this machine and this load generator give a
+   server that decides nothing), side by side on one core, and drives them one at a time,
+   open-loop (coordinated-omission-safe) over HTTP/1.1: ``/filter`` and ``/prioritize``
+   with a 1-GPU pod and 500 or all node names (``nodeCacheCapable: true``; ``/filter``'s
+   pod new at each request, ``/prioritize``'s the one kube-scheduler filtered before it,
+   as it always is), each run cut in ``--turns`` parts the servers take in turn, so that a
+   slow spell of the machine falls on all of them; then each server's sustained filter →
+   prioritize → bind cycle of pending pods at ``--cycle-rate`` pods/s, with per-verb
+   service times. Issue 22 sets the extender's ``/filter`` and ``/prioritize`` at 500
+   names within ``FLOOR_MULTIPLE`` times the floor's p99;
 4. a sweep of in-process filter / prioritize over 1k, 2.5k, 5k, 10k nodes: time per node.
 
 Latencies are from the intended send time (open loop); p50/p90/p99/p99.9 per verb, the
@@ -74,6 +74,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--warm-cycle", type=float, default=5.0, help="seconds of cycle at 100/s before it"
     )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=4,
+        help="parts each per-verb run is cut in, the servers taking turns (1: one after the other)",
+    )
     parser.add_argument("--micro-budget", type=float, default=1.0, help="seconds per micro-timing")
     parser.add_argument("--server-core", type=int, default=1)
     parser.add_argument("--client-core", type=int, default=0)
@@ -89,6 +95,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.nodes < 500:
         parser.error(f"--nodes {args.nodes}: at least 500, the per-verb runs send 500 names")
+    if args.turns < 1:
+        parser.error(f"--turns {args.turns}: at least 1")
     return args
 
 
@@ -189,33 +197,25 @@ def _over_http(
     clock: Clock,
     say: Callable[[str], None],
 ) -> Results:
-    """Each server in turn, started, driven and stopped, alone on the server core."""
-    results: Results = {}
-    for name, server in servers:
-        say(
-            f"\n== {name} over HTTP: server on core {args.server_core}, open loop, "
-            "latency from intended send, ms"
-        )
-        own = ClientPauses()
-        # The load generator on uvloop, and under the servers' collector policy, as
-        # the servers are: its own stalls would add to every latency it measures.
-        with ExitStack() as one, heap.short_pauses(record=own):
-            full = own.restart()  # the one made on entry, over all it holds
-            server.start(one)
-            results[name] = uvloop.run(
-                serve_and_drive(
-                    name,
-                    server,
-                    cluster,
-                    args,
-                    clock=clock,
-                    say=say,
-                )
-            )
-        say(
-            f"[{name}] the load generator's longest collection pauses: {own.line()} "
-            f"(a full one over all it holds: {full * 1e3:.0f} ms)"
-        )
+    """The servers started side by side on the server core and driven one at a time:
+    an idle one takes no CPU from the one driven."""
+    names = ", ".join(name for name, _ in servers)
+    say(
+        f"\n== over HTTP: {names} on core {args.server_core}, driven one at a time, the "
+        f"per-verb runs in {args.turns} turns each; open loop, latency from intended send, ms"
+    )
+    own = ClientPauses()
+    # The load generator on uvloop, and under the servers' collector policy, as the
+    # servers are: its own stalls would add to every latency it measures.
+    with ExitStack() as running, heap.short_pauses(record=own):
+        full = own.restart()  # the one made on entry, over all it holds
+        for _, server in servers:
+            server.start(running)
+        results = uvloop.run(serve_and_drive(servers, cluster, args, clock=clock, say=say))
+    say(
+        f"the load generator's longest collection pauses: {own.line()} "
+        f"(a full one over all it holds: {full * 1e3:.0f} ms)"
+    )
     return results
 
 

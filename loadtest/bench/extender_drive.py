@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import os
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -265,26 +266,41 @@ class _Drive:
 
 
 async def serve_and_drive(
-    name: str,
-    server: Server,
+    servers: Sequence[tuple[str, Server]],
     cluster: Cluster,
     args: argparse.Namespace,
     *,
     clock: Clock,
     say: Callable[[str], None],
-) -> dict[str, Summary]:
-    """Drive one server: the per-verb runs, then the warm-up cycle and the cycle over
-    the cluster's pending pods from the first, the same pods for every server."""
-    ready_s = await server.ready(clock, 600)
-    say(f"[{name}] ready after {ready_s:.1f} s, RSS {server.rss_mib():.0f} MB")
-    drive = _Drive(name, server, cluster, args, clock, say, {}, {})
-    await _verb_runs(drive)
-    say(f"[{name}] RSS after verbs {server.rss_mib():.0f} MB")
+) -> dict[str, dict[str, Summary]]:
+    """Drive the started servers, one at a time: the per-verb runs in turns
+    (``_verb_turns``), then each server's warm-up cycle and cycle over the cluster's
+    pending pods from the first, the same pods for every server."""
+    waits = await asyncio.gather(*(server.ready(clock, 600) for _, server in servers))
+    drives = []
+    for (name, server), ready_s in zip(servers, waits, strict=True):
+        say(f"[{name}] ready after {ready_s:.1f} s, RSS {server.rss_mib():.0f} MB")
+        drives.append(_Drive(name, server, cluster, args, clock, say, {}, {}))
+    await _verb_turns(drives, args.turns)
+    for drive in drives:
+        say(f"[{drive.name}] RSS after verbs {drive.server.rss_mib():.0f} MB")
+    for drive in drives:
+        await _cycles(drive)
+    return {drive.name: drive.out for drive in drives}
+
+
+async def _cycles(drive: _Drive) -> None:
+    name, server, args, clock, say = drive.name, drive.server, drive.args, drive.clock, drive.say
     offset = 0
     if args.warm_cycle > 0:
         # a server that has run a while: the nodes' memos hold the pending pods' shapes
         warm = await cycle_run(
-            server.port, cluster, rate=100.0, duration_s=args.warm_cycle, clock=clock, offset=offset
+            server.port,
+            drive.cluster,
+            rate=100.0,
+            duration_s=args.warm_cycle,
+            clock=clock,
+            offset=offset,
         )
         say(
             f"[{name}] warm-up cycle @100 pods/s for {args.warm_cycle:.0f} s: "
@@ -297,38 +313,62 @@ async def serve_and_drive(
     out["rss"] = Summary(1, 0, 0, server.rss_mib(), 0, 0, 0, 0)
     for key, seconds in drive.cpu.items():
         out[f"cpu {key}"] = Summary(1, 0, 0, seconds, 0, 0, 0, 0)
-    return out
 
 
-async def _verb_runs(drive: _Drive) -> None:
-    """/filter and /prioritize alone, with 500 names and with all of them."""
-    name, server, cluster, args = drive.name, drive.server, drive.cluster, drive.args
+def _verb_bodies(
+    cluster: Cluster, args: argparse.Namespace
+) -> list[tuple[str, list[bytes], float]]:
+    """/filter and /prioritize alone, with 500 names and with all of them: (the
+    figure's key, the bodies sent in turn, requests a second)."""
     rng = random.Random(3)
     samples = [rng.sample(cluster.names, 500) for _ in range(20)]
     # /filter's pod is new at each request; /prioritize's is the pod kube-scheduler
     # filtered just before, same resourceVersion: the extender has it decoded already
     pods = {"filter": probe_pod(1), "prioritize": probe_pod(1, version="1")}
+    runs = []
     for verb, pod in pods.items():
-        small = [args_body(pod, names) for names in samples]
-        full = [args_body(pod, cluster.names)]
-        for label, bodies, rate in (
-            ("500", small, args.rate_500),
-            (str(len(cluster.names)), full, args.rate_all),
-        ):
-            cpu_before = proc_cpu_s(server.pid)
-            run = await verb_run(
-                server.port,
-                f"/{verb}",
-                bodies,
-                rate=rate,
-                duration_s=args.duration,
-                clock=drive.clock,
-            )
-            key = f"{verb} {label}"
-            drive.out[key] = run.latency.summary()
-            drive.cpu[key] = (proc_cpu_s(server.pid) - cpu_before) / max(1, run.sent)
-            extra = f" errors {dict(run.errors)}" if run.errors else ""
-            extra += f" STOPPED: {run.stopped}" if run.stopped else ""
+        runs.append((f"{verb} 500", [args_body(pod, names) for names in samples], args.rate_500))
+        everyone = [args_body(pod, cluster.names)]
+        runs.append((f"{verb} {len(cluster.names)}", everyone, args.rate_all))
+    return runs
+
+
+async def _verb_turns(drives: Sequence[_Drive], turns: int) -> None:
+    """Each per-verb run cut in ``turns`` parts, the servers taking turns (in the
+    opposite order every other time). This machine is shared, and its speed drifts over
+    seconds: run one after the other, a slow spell falls on one server's figures and
+    the ratios between servers carry it; in turns, it falls on all of them alike."""
+    first = drives[0]
+    for key, bodies, rate in _verb_bodies(first.cluster, first.args):
+        path = "/" + key.split(" ", 1)[0]
+        latency = {drive.name: Histogram() for drive in drives}
+        cpu = dict.fromkeys(latency, 0.0)
+        sent = dict.fromkeys(latency, 0)
+        errors: dict[str, Counter[str]] = {name: Counter() for name in latency}
+        stopped = dict.fromkeys(latency, "")
+        for turn in range(turns):
+            for drive in drives if turn % 2 == 0 else drives[::-1]:
+                name, pid = drive.name, drive.server.pid
+                before = proc_cpu_s(pid)
+                run = await verb_run(
+                    drive.server.port,
+                    path,
+                    bodies,
+                    rate=rate,
+                    duration_s=drive.args.duration / turns,
+                    clock=drive.clock,
+                )
+                cpu[name] += proc_cpu_s(pid) - before
+                sent[name] += run.sent
+                latency[name].merge(run.latency)
+                errors[name].update(run.errors)
+                stopped[name] = stopped[name] or run.stopped
+        for drive in drives:
+            name = drive.name
+            drive.out[key] = latency[name].summary()
+            drive.cpu[key] = cpu[name] / max(1, sent[name])
+            extra = f" errors {dict(errors[name])}" if errors[name] else ""
+            extra += f" STOPPED: {stopped[name]}" if stopped[name] else ""
             drive.say(
                 f"[{name}] /{key:<16} @{rate:>4.0f}/s {fmt(drive.out[key])}{extra}; "
                 f"server CPU {drive.cpu[key] * 1e3:.2f} ms/request"
