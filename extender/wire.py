@@ -257,23 +257,23 @@ class RecentPods(Mapping[str, PodInfo]):
         milliseconds after the pod appears): taken from there, not converted again.
         """
         metadata = raw.get("metadata")
-        uid = version = None
-        if isinstance(metadata, Mapping):
-            uid, version = metadata.get("uid"), metadata.get("resourceVersion")
+        if not isinstance(metadata, Mapping):
+            return pod_from_json(raw)
+        uid, version = metadata.get("uid"), metadata.get("resourceVersion")
         if not isinstance(uid, str) or not uid:
             return pod_from_json(raw)
-        versioned = isinstance(version, str) and bool(version)
+        version = version if isinstance(version, str) else ""
         kept = self._pods.get(uid)
-        if kept is not None and versioned and kept[0] == version:
+        if kept is not None and version and kept[0] == version:
             del self._pods[uid]  # back in last: the most recent goes last
             self._pods[uid] = kept
             return kept[1]
-        pod = _read_before(metadata, uid, version, known) if versioned else None
+        pod = _read_before(metadata, uid, version, known) if version else None
         if pod is None:
             pod = pod_from_json(raw)  # a pod that does not convert changes nothing here
         if self._limit:
             self._pods.pop(uid, None)
-            self._pods[uid] = (version if isinstance(version, str) else "", pod)
+            self._pods[uid] = (version, pod)
             if len(self._pods) > self._limit:
                 del self._pods[next(iter(self._pods))]
         return pod
@@ -293,19 +293,25 @@ class RecentPods(Mapping[str, PodInfo]):
 
 
 def _read_before(
-    metadata: Any, uid: str, version: Any, known: Mapping[PodKey, PodInfo] | None
+    metadata: Mapping[str, Any], uid: str, version: str, known: Mapping[PodKey, PodInfo] | None
 ) -> PodInfo | None:
     """The pod ``known`` holds with this UID and resourceVersion, if any."""
-    if known is None:
-        return None
-    name, namespace = metadata.get("name"), metadata.get("namespace")
-    if not isinstance(name, str) or not name:
-        return None  # not a pod: conversion says why
-    namespace = namespace if isinstance(namespace, str) and namespace else "default"
-    pod = known.get(pod_key(namespace, name))
+    key = _key(metadata)
+    if known is None or key is None:
+        return None  # without a name, not a pod: conversion says why
+    pod = known.get(key)
     if pod is None or pod.uid != uid or pod.version != version:
         return None
     return pod
+
+
+def _key(metadata: Mapping[str, Any]) -> PodKey | None:
+    """The pod ``metadata`` names (in ``default`` without a namespace); None without a
+    name."""
+    name, namespace = metadata.get("name"), metadata.get("namespace")
+    if not isinstance(name, str) or not name:
+        return None
+    return pod_key(namespace if isinstance(namespace, str) and namespace else "default", name)
 
 
 def _pod(
@@ -395,10 +401,8 @@ def _victim(raw: Mapping[str, Any], node: str, what: str) -> Victim:
     metadata = raw.get("metadata")
     if not isinstance(metadata, Mapping):
         raise BadRequest(f"the body is not an {what}: a victim on {node} has no metadata")
-    uid, name, namespace = metadata.get("uid"), metadata.get("name"), metadata.get("namespace")
-    namespace = namespace if isinstance(namespace, str) and namespace else "default"
-    key = pod_key(namespace, name) if isinstance(name, str) and name else None
-    return Victim(uid if isinstance(uid, str) else "", key)
+    uid = metadata.get("uid")
+    return Victim(uid if isinstance(uid, str) else "", _key(metadata))
 
 
 # ---------------------------------------------------------------- answers
