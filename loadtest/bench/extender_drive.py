@@ -317,9 +317,9 @@ async def _cycles(drive: _Drive) -> None:
 
 def _verb_bodies(
     cluster: Cluster, args: argparse.Namespace
-) -> list[tuple[str, list[bytes], float]]:
-    """/filter and /prioritize alone, with 500 names and with all of them: (the
-    figure's key, the bodies sent in turn, requests a second)."""
+) -> list[tuple[str, str, list[bytes], float]]:
+    """/filter and /prioritize alone, with 500 names and with all of them: (the path,
+    the figure's key, the bodies sent in turn, requests a second)."""
     rng = random.Random(3)
     samples = [rng.sample(cluster.names, 500) for _ in range(20)]
     # /filter's pod is new at each request; /prioritize's is the pod kube-scheduler
@@ -327,9 +327,10 @@ def _verb_bodies(
     pods = {"filter": probe_pod(1), "prioritize": probe_pod(1, version="1")}
     runs = []
     for verb, pod in pods.items():
-        runs.append((f"{verb} 500", [args_body(pod, names) for names in samples], args.rate_500))
+        some = [args_body(pod, names) for names in samples]
         everyone = [args_body(pod, cluster.names)]
-        runs.append((f"{verb} {len(cluster.names)}", everyone, args.rate_all))
+        runs.append((f"/{verb}", f"{verb} 500", some, args.rate_500))
+        runs.append((f"/{verb}", f"{verb} {len(cluster.names)}", everyone, args.rate_all))
     return runs
 
 
@@ -339,8 +340,7 @@ async def _verb_turns(drives: Sequence[_Drive], turns: int) -> None:
     seconds: run one after the other, a slow spell falls on one server's figures and
     the ratios between servers carry it; in turns, it falls on all of them alike."""
     first = drives[0]
-    for key, bodies, rate in _verb_bodies(first.cluster, first.args):
-        path = "/" + key.split(" ", 1)[0]
+    for path, key, bodies, rate in _verb_bodies(first.cluster, first.args):
         latency = {drive.name: Histogram() for drive in drives}
         cpu = dict.fromkeys(latency, 0.0)
         sent = dict.fromkeys(latency, 0)
