@@ -16,9 +16,10 @@ The invalidation rule, for every answer kept here:
 
     * the node object (``per_node``): ``NodeState`` is frozen, so a changed node is a
       new object, and an entry answers only for the very object it was made for;
-    * the node's state (``by_state``, with ``gpu_state`` or a superset of it): every
-      field the answer reads, so a node that reaches a state seen before, on it or on
-      another node, finds the answer;
+    * the node's state (``by_state``, or ``state_table`` for a whole request's look-ups
+      at once, with ``gpu_state`` or a superset of it): every field the answer reads,
+      named by a number (``state_id``), so a node that reaches a state seen before, on
+      it or on another node, finds the answer;
     * the node's name, for a cache's snapshots (``by_name``): the names the cache's
       ``NodeChangeLog`` gives are dropped as the snapshots move on, so an entry always
       describes the node of that name in the snapshot asked about.
@@ -187,8 +188,11 @@ class DecisionCache:
         "_by_name",
         "_by_state",
         "_carried",
+        "_next_id",
         "_per_node",
         "_shapes",
+        "_state_ids",
+        "_state_tables",
         "config",
         "fragmentation",
         "keep",
@@ -211,6 +215,9 @@ class DecisionCache:
         self._by_name: dict[Hashable, _ByName] = {}
         self._carried: dict[Hashable, object] = {}
         self._shapes: dict[Hashable, ShapeTables] = {}
+        self._state_ids: dict[Hashable, int] = {}
+        self._next_id = 0
+        self._state_tables: dict[Hashable, dict[Hashable, object]] = {}
 
     def per_node(self, key: Hashable) -> NodeMemo:
         """The answers under ``key`` by node object; a request fetches it once."""
@@ -242,6 +249,17 @@ class DecisionCache:
     def by_state(self, key: Hashable, state: Hashable) -> object:
         """The answer under ``key`` for a node in ``state``, else ``MISSING``."""
         return self._by_state.get((key, state), MISSING)
+
+    def state_table(self, key: Hashable) -> dict[Hashable, object]:
+        """The answers under ``key`` by node state, as one table (``by_state``'s, for a
+        caller that looks up a whole request's states in one ``map``, where
+        ``by_state`` builds a key per look-up). The caller adds what it computes."""
+        if not self.keep:
+            return {}
+        table = _lru(self._state_tables, key, dict)
+        if len(table) >= _BY_STATE_KEPT:
+            table.clear()
+        return table
 
     def keep_by_state(self, key: Hashable, state: Hashable, value: object) -> None:
         if not self.keep:
@@ -283,6 +301,21 @@ class DecisionCache:
                 kept.generation = snapshot.generation
         return kept.answers
 
+    def state_id(self, state: Hashable) -> int:
+        """The number that names ``state`` in this cache's keys: equal states get one
+        number, and a number never names another state. A number rather than the state
+        itself because a key is hashed at every look-up and a tuple's hash is not kept:
+        a node's state is some forty values, its number one."""
+        ids = self._state_ids
+        found = ids.get(state)
+        if found is None:
+            if len(ids) >= _BY_STATE_KEPT:
+                # numbers go on from where they were, so no kept answer is misread
+                self._next_id += len(ids)
+                ids.clear()
+            found = ids[state] = self._next_id + len(ids)
+        return found
+
     def carried(self, key: Hashable) -> object | None:
         """What a reader carries under ``key`` from one snapshot to the next (a gang's
         room count), which it brings up to date itself by the node change log."""
@@ -299,30 +332,30 @@ class DecisionCache:
         """Entries of each kind of table, for tests and a curious operator."""
         return {
             "per_node": len(self._per_node),
-            "by_state": len(self._by_state),
+            "by_state": len(self._by_state) + sum(map(len, self._state_tables.values())),
             "by_name": len(self._by_name),
             "carried": len(self._carried),
             "shapes": len(self._shapes),
         }
 
 
-def gpu_state(memo: DecisionCache, node: NodeState) -> Hashable:
+def gpu_state(memo: DecisionCache, node: NodeState) -> int:
     """Everything the node-only filters and ``pod_fits`` read of a node: its GPU product,
     cordon, pod limit, and each GPU's index, island, health and free milli. Nodes in one
-    state get the same verdicts: the state ``by_state`` keeps them under."""
+    state get the same verdicts: the state ``by_state`` keeps them under, named by a
+    number (``DecisionCache.state_id``)."""
     states = memo.states
     state = states.get(node)
     if state is MISSING:
         gpus = tuple(map(_GPU_STATE, node.gpus))
-        state = (node.product, node.unschedulable, node.max_pods, gpus)
+        state = memo.state_id((node.product, node.unschedulable, node.max_pods, gpus))
         states.put(node, state)
-    assert isinstance(state, tuple)
-    return state
+    return state  # type: ignore[return-value]
 
 
-def score_state(memo: DecisionCache, node: NodeState) -> Hashable:
-    """``gpu_state`` and the CPU, which packing reads as well."""
-    return (gpu_state(memo, node), node.cpu_milli > 0, node.cpu_free_milli)
+def score_state(memo: DecisionCache, node: NodeState) -> int:
+    """``gpu_state`` and the CPU, which packing reads as well (named by a number too)."""
+    return memo.state_id((gpu_state(memo, node), node.cpu_milli > 0, node.cpu_free_milli))
 
 
 def _lru(tables: dict[Hashable, T], key: Hashable, make: type[T]) -> T:
