@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from itertools import chain, combinations
+from itertools import chain, combinations, repeat
 from types import MappingProxyType
 from typing import Any, Final, cast
 
@@ -51,7 +51,7 @@ from extender.context import FIT, PodContext, Unfit, Verdict
 from extender.filters import NodeFacts, judge, judge_facts, node_facts, promised, run_filters
 from extender.gangs import build_context, kept_facts
 from extender.gpus import choose_gpus
-from extender.memo import MISSING, DecisionCache, ScoreShape, ShapeKey
+from extender.memo import MISSING, DecisionCache, ScoreShape, ShapeKey, gpu_state, score_state
 from extender.scores import MAX_SCORE, applied_weight, clamp_score, score_node, static_score
 from extender.selection import avoided
 
@@ -106,23 +106,32 @@ def filter_nodes(
         return FilterOutcome((), MappingProxyType({}), MappingProxyType(refused))
     ctx = build_context(snapshot, pod, config, now, memo)
     nodes = snapshot.nodes
-    # Answers kept by node name, one look-up per candidate: a lone pod's verdicts (also
-    # those of a gang member whose gang refuses no node), and for a promised node (it
-    # drains, or a reservation holds it), whose verdict reads the time, what judges it
-    # (``NodeFacts``); a member whose gang requires a level finds each node's
+    # A lone pod's verdicts (also those of a gang member whose gang refuses no node) are
+    # kept by node state (``_steady_verdicts``) while no reservation holds a node. Else
+    # by node name, one look-up per candidate: a lone pod's verdicts, and for a promised
+    # node (it drains, or a reservation holds it), whose verdict reads the time, what
+    # judges it (``NodeFacts``); a member whose gang requires a level finds each node's
     # ``NodeFacts`` (``gangs.kept_facts``).
     gang = ctx.gang
     lone = gang is None or not gang.refuses_nodes
-    table = ctx.memo.by_name(snapshot, ctx.shape) if lone else kept_facts(snapshot, ctx)
+    names = cast("Sequence[NodeName]", _sequence(node_names))
+    by_state = _steady_verdicts(snapshot, ctx, names) if lone else None
+    table = None
+    if by_state is None:
+        table = ctx.memo.by_name(snapshot, ctx.shape) if lone else kept_facts(snapshot, ctx)
     known = cast("dict[NodeName, Verdict | NodeFacts]", table if table is not None else {})
-    find = known.get
+    # one pass in C, not a Python step per name
+    found = by_state if by_state is not None else list(map(known.get, names))
+    if not unresolvable and found.count(FIT) == len(found):
+        # kube-scheduler sends the nodes its own filters passed: most often all fit
+        return FilterOutcome(tuple(names), MappingProxyType({}), MappingProxyType({}))
     fits: list[NodeName] = []
     failed: dict[NodeName, str] = {}
     hopeless: dict[NodeName, str] = dict(unresolvable or {})
-    for name in cast("Iterable[NodeName]", node_names):
+    for name, kept in zip(names, found, strict=True):
         if name in hopeless:
             continue  # named twice, or given as unresolvable
-        verdict = find(name)
+        verdict = kept
         if verdict is None:
             node = nodes.get(name)
             if node is None:
@@ -145,6 +154,66 @@ def filter_nodes(
         # an Unfit here: FIT and facts were told above
         (failed if verdict.resolvable else hopeless)[name] = verdict.reason  # type: ignore[union-attr]
     return FilterOutcome(tuple(fits), MappingProxyType(failed), MappingProxyType(hopeless))
+
+
+def _steady_verdicts(
+    snapshot: Snapshot, ctx: PodContext, names: Sequence[NodeName]
+) -> list[Verdict | NodeFacts | None] | None:
+    """The verdict on each named node of a pod whose gang (if any) refuses no node,
+    by node state: on a node that does not drain and that no reservation holds, such
+    a pod's verdict reads only the pod's shape and the node's ``memo.gpu_state``
+    (``filters.STEADY_FILTERS``). Each name's state is kept by name for every shape,
+    and this shape's verdicts by state, so a request is two look-ups per name, each
+    done for all the names in one pass (``map``); only a node changed since, or a
+    state new to the shape, is judged. None for a node the snapshot lacks; ``None``
+    for all when nothing can be kept by name (a snapshot from outside the cache), or
+    when reservations hold nodes (their verdicts read the time and the gang)."""
+    memo = ctx.memo
+    if ctx.promises:
+        return None
+    states = memo.by_name(snapshot, _GPU_STATES)
+    if states is None:
+        return None
+    table = memo.state_table(_Steady(ctx.shape))
+    ids = list(map(states.get, names))
+    found: list[Any] = list(map(table.get, ids))
+    if None not in found:
+        return found
+    nodes = snapshot.nodes
+    for i, kept in enumerate(found):
+        if kept is not None:
+            continue
+        name = names[i]
+        node = nodes.get(name)
+        if node is None:
+            continue
+        if node.drain_after is not None:
+            found[i] = run_filters(ctx, node)  # reads the time: never kept
+            continue
+        key = ids[i]
+        if key is None:
+            key = states[name] = gpu_state(memo, node)
+        verdict = table.get(key)
+        if verdict is None:
+            verdict = table[key] = run_filters(ctx, node)
+        found[i] = verdict
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Steady:
+    """The key of ``_steady_verdicts``' table: the verdicts by state of one shape."""
+
+    shape: ShapeKey
+
+
+_GPU_STATES: Final = "gpu_state"
+"""The ``DecisionCache.by_name`` key of each node's ``memo.gpu_state``, one table for
+every pod shape."""
+
+
+def _sequence(items: Iterable[str]) -> Sequence[str]:
+    return items if isinstance(items, (list, tuple)) else list(items)
 
 
 def choose(
@@ -179,11 +248,19 @@ def choose(
         return outcome
     fits = outcome.fits
     scored = score_nodes(snapshot, pod, fits, config, now, memo=memo, fitting=True)
+    values = cast("list[float]", scored)
+    if None in scored:
+        values = [_LOWEST if v is None else v for v in scored]
+    # the best, the first named of equals: most often the answer, and two passes in C
+    # where ranking them all is a sort of every candidate
+    nodes = snapshot.nodes
+    best = values.index(max(values))
+    node = nodes.get(fits[best])
+    if node is None or not avoided(selection, node):
+        return replace(outcome, chosen=fits[best])
     # best first, equal scores in the order named (a stable sort); nodes to avoid are rare,
     # so they are looked for only from the best down
-    values = [_LOWEST if v is None else v for v in scored]
     ranked = sorted(range(len(fits)), key=values.__getitem__, reverse=True)
-    nodes = snapshot.nodes
     for i in ranked:
         node = nodes.get(fits[i])
         if node is None or not avoided(selection, node):
@@ -219,6 +296,12 @@ def score_nodes(
     ctx = build_context(snapshot, pod, config, now, memo)
     plain = ctx.gang is None
     scale = applied_weight(ctx)
+    if plain and fitting:
+        names = cast("Sequence[NodeName]", _sequence(node_names))
+        by_state = _fitting_scores(snapshot, ctx, names, scale)
+        if by_state is not None:
+            return by_state
+        node_names = names
     nodes = snapshot.nodes
     # Outside a gang a node's score depends on the node and the pod's shape alone: kept
     # by name, so that a node unchanged since an earlier request with a pod of this
@@ -252,6 +335,49 @@ def score_nodes(
             known_scores[name] = score
         scored.append(score)
     return scored
+
+
+def _fitting_scores(
+    snapshot: Snapshot, ctx: PodContext, names: Sequence[NodeName], scale: float
+) -> list[float | None] | None:
+    """``score_nodes`` of a pod outside a gang on nodes it fits, by node state: each
+    name's ``score_state`` is kept by name for every pod shape, and the scores of this
+    pod's shape by state, so a request is two look-ups per name, each done for all the
+    names in one pass (``map``) rather than one Python step each; only a node changed
+    since, or a state new to the shape, is worked out. ``None`` where nothing can be
+    kept by name (a snapshot from outside the cache)."""
+    memo = ctx.memo
+    states = memo.by_name(snapshot, _SCORE_STATES)
+    if states is None:
+        return None
+    table = memo.state_table(ctx.score_shape)
+    keys = list(map(states.get, names))
+    scores: list[Any] = list(map(table.get, keys, repeat(MISSING)))
+    if MISSING not in scores:
+        return scores
+    nodes = snapshot.nodes
+    for i, score in enumerate(scores):
+        if score is not MISSING:
+            continue
+        name = names[i]
+        node = nodes.get(name)
+        if node is None:
+            scores[i] = None
+            continue
+        key = keys[i]
+        if key is None:
+            key = states[name] = score_state(memo, node)
+        found = table.get(key, MISSING)
+        if found is MISSING:
+            static = static_score(ctx, node)
+            found = table[key] = 0.0 if static is None or not scale else clamp_score(static / scale)
+        scores[i] = found
+    return scores
+
+
+_SCORE_STATES: Final = "score_state"
+"""The ``DecisionCache.by_name`` key of each node's ``memo.score_state``, one table for
+every pod shape: what a score outside a gang reads of a node."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -384,6 +384,11 @@ def test_answers_kept_by_name_across_snapshots_match_fresh_ones(
         assert score_nodes(live, want, names, CONFIG, NOW, memo=memo) == score_nodes(
             fresh, want, names, CONFIG, NOW
         )
+        # on the nodes it fits, as /filter ranks them to choose one (scores by state)
+        fits = filter_nodes(fresh, want, names, CONFIG, NOW).fits
+        assert score_nodes(live, want, fits, CONFIG, NOW, memo=memo, fitting=True) == (
+            score_nodes(fresh, want, fits, CONFIG, NOW, fitting=True)
+        )
 
 
 def test_the_tables_kept_by_name_stay_bounded_whatever_the_pod_shapes() -> None:
@@ -532,3 +537,18 @@ def test_a_cache_that_keeps_nothing_decides_as_one_that_keeps_and_keeps_nothing(
     sizes = forgetful.sizes()
     assert sizes["by_state"] == sizes["by_name"] == sizes["carried"] == 0
     assert len(forgetful.states) == len(forgetful.fragmentation) == 0
+
+
+def test_a_state_is_named_by_one_number_that_never_names_another() -> None:
+    memo = DecisionCache(CONFIG)
+    first = memo.state_id(("H100", False, 110, ((0, 0, True, 1000),)))
+    assert memo.state_id(("H100", False, 110, ((0, 0, True, 1000),))) == first
+    other = memo.state_id(("H100", True, 110, ((0, 0, True, 1000),)))
+    assert other != first
+    # past its bound the table starts over; the numbers go on, so an answer kept under
+    # an old number is never taken for a new state's
+    given = {memo.state_id(("state", i)) for i in range(100_001)}
+    assert len(given) == 100_001
+    assert not given & {first, other}
+    again = memo.state_id(("H100", False, 110, ((0, 0, True, 1000),)))
+    assert again not in given | {other}
