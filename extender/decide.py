@@ -26,12 +26,12 @@ What the snapshot is to each decision:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from itertools import chain, combinations, repeat
+from itertools import chain, combinations
 from types import MappingProxyType
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, cast
 
 from cluster.convert.grammar import format_indices
 from cluster.convert.nodes import node_from_json
@@ -54,6 +54,8 @@ from extender.gpus import choose_gpus
 from extender.memo import MISSING, DecisionCache, ScoreShape, ShapeKey, gpu_state, score_state
 from extender.scores import MAX_SCORE, applied_weight, clamp_score, score_node, static_score
 from extender.selection import avoided
+
+T = TypeVar("T")
 
 _LOWEST: Final = -math.inf
 """Where ``choose`` ranks a node with no score (not expected: each of its nodes fits)."""
@@ -121,7 +123,9 @@ def filter_nodes(
         table = ctx.memo.by_name(snapshot, ctx.shape) if lone else kept_facts(snapshot, ctx)
     known = cast("dict[NodeName, Verdict | NodeFacts]", table if table is not None else {})
     # one pass in C, not a Python step per name
-    found = by_state if by_state is not None else list(map(known.get, names))
+    found: list[Verdict | NodeFacts | None] = (
+        list(map(known.get, names)) if by_state is None else cast("list[Any]", by_state)
+    )
     if not unresolvable and found.count(FIT) == len(found):
         # kube-scheduler sends the nodes its own filters passed: most often all fit
         return FilterOutcome(tuple(names), MappingProxyType({}), MappingProxyType({}))
@@ -158,25 +162,53 @@ def filter_nodes(
 
 def _steady_verdicts(
     snapshot: Snapshot, ctx: PodContext, names: Sequence[NodeName]
-) -> list[Verdict | NodeFacts | None] | None:
+) -> list[Verdict | None] | None:
     """The verdict on each named node of a pod whose gang (if any) refuses no node,
-    by node state: on a node that does not drain and that no reservation holds, such
-    a pod's verdict reads only the pod's shape and the node's ``memo.gpu_state``
-    (``filters.STEADY_FILTERS``). Each name's state is kept by name for every shape,
-    and this shape's verdicts by state, so a request is two look-ups per name, each
-    done for all the names in one pass (``map``); only a node changed since, or a
-    state new to the shape, is judged. None for a node the snapshot lacks; ``None``
-    for all when nothing can be kept by name (a snapshot from outside the cache), or
-    when reservations hold nodes (their verdicts read the time and the gang)."""
-    memo = ctx.memo
+    by node state (``_by_state``): on a node that does not drain and that no
+    reservation holds, such a pod's verdict reads only the pod's shape and the node's
+    ``memo.gpu_state`` (``filters.STEADY_FILTERS``). None for a node the snapshot lacks;
+    ``None`` for all when nothing can be kept by name (a snapshot from outside the
+    cache), or when reservations hold nodes (their verdicts read the time and the
+    gang)."""
     if ctx.promises:
         return None
-    states = memo.by_name(snapshot, _GPU_STATES)
-    if states is None:
+    return _by_state(
+        snapshot,
+        ctx.memo,
+        names,
+        (_GPU_STATES, gpu_state),
+        key=_Steady(ctx.shape),
+        answer=lambda node: run_filters(ctx, node),
+        # a drain's verdict reads the time: judged at each request, never kept
+        steady=lambda node: node.drain_after is None,
+    )
+
+
+def _by_state(
+    snapshot: Snapshot,
+    memo: DecisionCache,
+    names: Sequence[NodeName],
+    states: tuple[str, Callable[[DecisionCache, NodeState], int]],
+    *,
+    key: Hashable,
+    answer: Callable[[NodeState], T],
+    steady: Callable[[NodeState], bool] | None = None,
+) -> list[T | None] | None:
+    """``answer`` for each named node, kept by node state: each name's state
+    (``states``: its ``by_name`` key and how to work it out) is kept by name for every
+    pod shape, and the answers under ``key`` by state (``DecisionCache.state_table``),
+    so a request is two look-ups per name, each done for all the names in one pass
+    (``map``) rather than a Python step each. Only a node changed since, or a state new
+    to ``key``, is worked out; a node that is not ``steady`` is answered afresh. None
+    for a node the snapshot lacks (an answer is never None); ``None`` for all when
+    nothing can be kept by name (a snapshot from outside the cache)."""
+    kind, state_of = states
+    by_name = memo.by_name(snapshot, kind)
+    if by_name is None:
         return None
-    table = memo.state_table(_Steady(ctx.shape))
-    ids = list(map(states.get, names))
-    found: list[Any] = list(map(table.get, ids))
+    table = cast("dict[Hashable, T]", memo.state_table(key))
+    ids = list(map(by_name.get, names))
+    found: list[T | None] = list(map(table.get, ids))
     if None not in found:
         return found
     nodes = snapshot.nodes
@@ -187,16 +219,16 @@ def _steady_verdicts(
         node = nodes.get(name)
         if node is None:
             continue
-        if node.drain_after is not None:
-            found[i] = run_filters(ctx, node)  # reads the time: never kept
+        if steady is not None and not steady(node):
+            found[i] = answer(node)
             continue
-        key = ids[i]
-        if key is None:
-            key = states[name] = gpu_state(memo, node)
-        verdict = table.get(key)
-        if verdict is None:
-            verdict = table[key] = run_filters(ctx, node)
-        found[i] = verdict
+        state = ids[i]
+        if state is None:
+            state = by_name[name] = state_of(memo, node)
+        value = table.get(state)
+        if value is None:
+            value = table[state] = answer(node)
+        found[i] = value
     return found
 
 
@@ -340,39 +372,18 @@ def score_nodes(
 def _fitting_scores(
     snapshot: Snapshot, ctx: PodContext, names: Sequence[NodeName], scale: float
 ) -> list[float | None] | None:
-    """``score_nodes`` of a pod outside a gang on nodes it fits, by node state: each
-    name's ``score_state`` is kept by name for every pod shape, and the scores of this
-    pod's shape by state, so a request is two look-ups per name, each done for all the
-    names in one pass (``map``) rather than one Python step each; only a node changed
-    since, or a state new to the shape, is worked out. ``None`` where nothing can be
-    kept by name (a snapshot from outside the cache)."""
-    memo = ctx.memo
-    states = memo.by_name(snapshot, _SCORE_STATES)
-    if states is None:
-        return None
-    table = memo.state_table(ctx.score_shape)
-    keys = list(map(states.get, names))
-    scores: list[Any] = list(map(table.get, keys, repeat(MISSING)))
-    if MISSING not in scores:
-        return scores
-    nodes = snapshot.nodes
-    for i, score in enumerate(scores):
-        if score is not MISSING:
-            continue
-        name = names[i]
-        node = nodes.get(name)
-        if node is None:
-            scores[i] = None
-            continue
-        key = keys[i]
-        if key is None:
-            key = states[name] = score_state(memo, node)
-        found = table.get(key, MISSING)
-        if found is MISSING:
-            static = static_score(ctx, node)
-            found = table[key] = 0.0 if static is None or not scale else clamp_score(static / scale)
-        scores[i] = found
-    return scores
+    """``score_nodes`` of a pod outside a gang on nodes it fits, by node state
+    (``_by_state``): its score reads only the pod's score shape and the node's
+    ``memo.score_state``. ``None`` where nothing can be kept by name (a snapshot from
+    outside the cache)."""
+
+    def score(node: NodeState) -> float:
+        static = static_score(ctx, node)
+        return 0.0 if static is None or not scale else clamp_score(static / scale)
+
+    return _by_state(
+        snapshot, ctx.memo, names, (_SCORE_STATES, score_state), key=ctx.score_shape, answer=score
+    )
 
 
 _SCORE_STATES: Final = "score_state"
