@@ -4,8 +4,9 @@ Layer: PURE. Functions from (snapshot, pod, candidates, config, time) to plain r
 no I/O, no clock (``now`` is a value), no cluster cache (a ``Snapshot`` is all they read
 of the cluster), no pydantic, no aiohttp. Each takes the config's decision cache
 (``memo``, an ``extender.memo.DecisionCache``) beside the snapshot, and reaches it only
-through the filters and scorers (and the answers kept by node name:
-``DecisionCache.by_name``, ``gangs.kept_facts``). ``verbs`` feeds them
+through the filters and scorers (and the answers kept by node name or node state for a
+whole request: ``DecisionCache.by_name``, ``DecisionCache.by_state_of``,
+``gangs.kept_facts``). ``verbs`` feeds them
 decoded requests; the HTTP shell owns the caches, assumes what ``plan_bind`` chose, and
 calls the API.
 
@@ -26,12 +27,12 @@ What the snapshot is to each decision:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from itertools import chain, combinations
 from types import MappingProxyType
-from typing import Any, Final, TypeVar, cast
+from typing import Any, Final, cast
 
 from cluster.convert.grammar import format_indices
 from cluster.convert.nodes import node_from_json
@@ -54,8 +55,6 @@ from extender.gpus import choose_gpus
 from extender.memo import MISSING, DecisionCache, ScoreShape, ShapeKey, gpu_state, score_state
 from extender.scores import MAX_SCORE, applied_weight, clamp_score, score_node, static_score
 from extender.selection import avoided
-
-T = TypeVar("T")
 
 _LOWEST: Final = -math.inf
 """Where ``choose`` ranks a node with no score (not expected: each of its nodes fits)."""
@@ -164,7 +163,7 @@ def _steady_verdicts(
     snapshot: Snapshot, ctx: PodContext, names: Sequence[NodeName]
 ) -> list[Verdict | None] | None:
     """The verdict on each named node of a pod whose gang (if any) refuses no node,
-    by node state (``_by_state``): on a node that does not drain and that no
+    by node state (``DecisionCache.by_state_of``): on a node that does not drain and that no
     reservation holds, such a pod's verdict reads only the pod's shape and the node's
     ``memo.gpu_state`` (``filters.STEADY_FILTERS``). None for a node the snapshot lacks;
     ``None`` for all when nothing can be kept by name (a snapshot from outside the
@@ -172,9 +171,8 @@ def _steady_verdicts(
     gang)."""
     if ctx.promises:
         return None
-    return _by_state(
+    return ctx.memo.by_state_of(
         snapshot,
-        ctx.memo,
         names,
         (_GPU_STATES, gpu_state),
         key=_Steady(ctx.shape),
@@ -182,54 +180,6 @@ def _steady_verdicts(
         # a drain's verdict reads the time: judged at each request, never kept
         steady=lambda node: node.drain_after is None,
     )
-
-
-def _by_state(
-    snapshot: Snapshot,
-    memo: DecisionCache,
-    names: Sequence[NodeName],
-    states: tuple[str, Callable[[DecisionCache, NodeState], int]],
-    *,
-    key: Hashable,
-    answer: Callable[[NodeState], T],
-    steady: Callable[[NodeState], bool] | None = None,
-) -> list[T | None] | None:
-    """``answer`` for each named node, kept by node state: each name's state
-    (``states``: its ``by_name`` key and how to work it out) is kept by name for every
-    pod shape, and the answers under ``key`` by state (``DecisionCache.state_table``),
-    so a request is two look-ups per name, each done for all the names in one pass
-    (``map``) rather than a Python step each. Only a node changed since, or a state new
-    to ``key``, is worked out; a node that is not ``steady`` is answered afresh. None
-    for a node the snapshot lacks (an answer is never None); ``None`` for all when
-    nothing can be kept by name (a snapshot from outside the cache)."""
-    kind, state_of = states
-    by_name = memo.by_name(snapshot, kind)
-    if by_name is None:
-        return None
-    table = cast("dict[Hashable, T]", memo.state_table(key))
-    ids = list(map(by_name.get, names))
-    found: list[T | None] = list(map(table.get, ids))
-    if None not in found:
-        return found
-    nodes = snapshot.nodes
-    for i, kept in enumerate(found):
-        if kept is not None:
-            continue
-        name = names[i]
-        node = nodes.get(name)
-        if node is None:
-            continue
-        if steady is not None and not steady(node):
-            found[i] = answer(node)
-            continue
-        state = ids[i]
-        if state is None:
-            state = by_name[name] = state_of(memo, node)
-        value = table.get(state)
-        if value is None:
-            value = table[state] = answer(node)
-        found[i] = value
-    return found
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,7 +323,7 @@ def _fitting_scores(
     snapshot: Snapshot, ctx: PodContext, names: Sequence[NodeName], scale: float
 ) -> list[float | None] | None:
     """``score_nodes`` of a pod outside a gang on nodes it fits, by node state
-    (``_by_state``): its score reads only the pod's score shape and the node's
+    (``DecisionCache.by_state_of``): its score reads only the pod's score shape and the node's
     ``memo.score_state``. ``None`` where nothing can be kept by name (a snapshot from
     outside the cache)."""
 
@@ -381,8 +331,8 @@ def _fitting_scores(
         static = static_score(ctx, node)
         return 0.0 if static is None or not scale else clamp_score(static / scale)
 
-    return _by_state(
-        snapshot, ctx.memo, names, (_SCORE_STATES, score_state), key=ctx.score_shape, answer=score
+    return ctx.memo.by_state_of(
+        snapshot, names, (_SCORE_STATES, score_state), key=ctx.score_shape, answer=score
     )
 
 

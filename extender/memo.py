@@ -35,10 +35,10 @@ shape's keys (``ShapeTables``), under the demand's fields they name.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Final, TypeVar
+from typing import Final, TypeVar, cast
 
 from cluster.model import NodeName, NodeSelection, NodeState, PodDemand
 from cluster.snapshot import NodeChangeLog, Snapshot
@@ -300,6 +300,53 @@ class DecisionCache:
                         pop(name, None)
                 kept.generation = snapshot.generation
         return kept.answers
+
+    def by_state_of(
+        self,
+        snapshot: Snapshot,
+        names: Sequence[NodeName],
+        states: tuple[str, Callable[[DecisionCache, NodeState], int]],
+        *,
+        key: Hashable,
+        answer: Callable[[NodeState], T],
+        steady: Callable[[NodeState], bool] | None = None,
+    ) -> list[T | None] | None:
+        """``answer`` for each named node, kept by node state: each name's state
+        (``states``: its ``by_name`` key and how to work it out) is kept by name for
+        every pod shape, and the answers under ``key`` by state (``state_table``), so a
+        request is two look-ups per name, each done for all the names in one pass
+        (``map``) rather than a Python step each. Only a node changed since, or a state
+        new to ``key``, is worked out; a node that is not ``steady`` is answered afresh.
+        None for a node the snapshot lacks (an answer is never None); ``None`` for all
+        when nothing can be kept by name (a snapshot from outside the cache)."""
+        kind, state_of = states
+        by_name = self.by_name(snapshot, kind)
+        if by_name is None:
+            return None
+        table = cast("dict[Hashable, T]", self.state_table(key))
+        ids = list(map(by_name.get, names))
+        found: list[T | None] = list(map(table.get, ids))
+        if None not in found:
+            return found
+        nodes = snapshot.nodes
+        for i, kept in enumerate(found):
+            if kept is not None:
+                continue
+            name = names[i]
+            node = nodes.get(name)
+            if node is None:
+                continue
+            if steady is not None and not steady(node):
+                found[i] = answer(node)
+                continue
+            state = ids[i]
+            if state is None:
+                state = by_name[name] = state_of(self, node)
+            value = table.get(state)
+            if value is None:
+                value = table[state] = answer(node)
+            found[i] = value
+        return found
 
     def state_id(self, state: Hashable) -> int:
         """The number that names ``state`` in this cache's keys: equal states get one
