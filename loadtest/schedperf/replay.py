@@ -52,6 +52,7 @@ from loadtest.schedperf.workload import (
     pod_manifest,
     shapes,
 )
+from loadtest.stack.fleet import FakeNode
 
 SCHEDULER: Final = "tessera-gpu"
 STAGES: Final = ("added", "filter", "bind", "bound")
@@ -131,34 +132,88 @@ class Replay:
         return 1000 * self.cpu_s[stage] / max(1, self.pods)
 
 
+class _Extender:
+    """The extender's state as its app holds it (settings of the shipped Deployment),
+    and the verbs called on it as its shell calls them, each stage's CPU counted."""
+
+    def __init__(self, fleet: Sequence[FakeNode], clock: Clock, cpu: CpuClock) -> None:
+        settings = ExtenderSettings(
+            topology_levels=LEVELS,  # type: ignore[arg-type]  # parsed by pydantic
+            choose_in_filter=True,
+        )
+        now = clock.now()
+        self.config = settings.to_config()
+        self.cache = ClusterCache(clock, settings.assume_ttl_s)
+        self.feed = CacheFeed(self.cache, levels=self.config.level_labels)
+        self.feed.replace_nodes([{**n.manifest(now), **n.status(now)} for n in fleet])
+        self.feed.replace_pods([])
+        self.memo = DecisionCache(self.config)
+        self.recent = wire.RecentPods(settings.recent_pods)
+        self.clock, self.cpu = clock, cpu
+        self.spent = dict.fromkeys(STAGES, 0.0)
+
+    def watch(self, kind: str, pod: dict[str, Any], stage: str) -> None:
+        """The pod watch's event: its line parsed, the pod converted into the cache."""
+        began = self.cpu()
+        event = jsonio.loads(jsonio.dumps({"type": kind, "object": pod}))
+        self.feed.pod_event(kind, event["object"])
+        self.spent[stage] += self.cpu() - began
+
+    def filter(self, pod: dict[str, Any], names: Sequence[str]) -> NodeName | None:
+        """``/filter``: the node chosen (the first named when several fit)."""
+        body = jsonio.dumps({"Pod": pod, "NodeNames": names})
+        began = self.cpu()
+        reply = verbs.handle_filter(
+            body,
+            self.cache.snapshot(),
+            self.config,
+            self.clock.now(),
+            recent=self.recent,
+            memo=self.memo,
+        )
+        self.spent["filter"] += self.cpu() - began
+        named = jsonio.loads(reply.body).get("NodeNames") or []
+        return NodeName(named[0]) if named else None
+
+    def bind(self, pod: dict[str, Any], node: NodeName) -> tuple[int, ...] | None:
+        """``/bind``'s plan and assumption: the GPU indices taken (None: refused)."""
+        metadata = pod["metadata"]
+        binding = {
+            "PodName": metadata["name"],
+            "PodNamespace": metadata["namespace"],
+            "PodUID": metadata["uid"],
+            "Node": node,
+        }
+        began = self.cpu()
+        step = verbs.plan_bind(
+            jsonio.dumps(binding),
+            self.cache.snapshot(),
+            self.config,
+            self.clock.now(),
+            seen=self.recent,
+            memo=self.memo,
+        )
+        indices: tuple[int, ...] | None = None
+        if not isinstance(step, verbs.Reply):
+            allocation = step.plan.allocation
+            indices = ()
+            if allocation is not None:
+                self.cache.assume(step.plan.pod, allocation)
+                indices = allocation.indices
+        self.spent["bind"] += self.cpu() - began
+        return indices
+
+
 def replay(pods: Sequence[PodShape], node_count: int, clock: Clock, cpu: CpuClock) -> Replay:
     """Every pod of ``pods`` through the extender, on ``node_count`` fresh HGX nodes."""
     now = clock.now()
     fleet = hgx_nodes(node_count)
-    settings = ExtenderSettings(
-        topology_levels=LEVELS,  # type: ignore[arg-type]  # parsed by pydantic
-        choose_in_filter=True,
-    )
-    config = settings.to_config()
-    cache = ClusterCache(clock, settings.assume_ttl_s)
-    feed = CacheFeed(cache, levels=config.level_labels)
-    feed.replace_nodes([{**n.manifest(now), **n.status(now)} for n in fleet])
-    feed.replace_pods([])
-    memo = DecisionCache(config)
-    recent = wire.RecentPods(settings.recent_pods)
+    extender = _Extender(fleet, clock, cpu)
     racks = {n.name: n.rack for n in fleet}
     in_tree = _InTree([n.name for n in fleet], racks)
-    spent = dict.fromkeys(STAGES, 0.0)
     gang_racks: dict[str, set[str]] = {}
     version = 0
     placed = 0
-
-    def watch(kind: str, pod: dict[str, Any], stage: str) -> None:
-        began = cpu()
-        event = jsonio.loads(jsonio.dumps({"type": kind, "object": pod}))
-        feed.pod_event(kind, event["object"])
-        spent[stage] += cpu() - began
-
     for number, shape in enumerate(pods):
         version += 1
         pod = pod_manifest(shape, SCHEDULER)
@@ -169,48 +224,25 @@ def replay(pods: Sequence[PodShape], node_count: int, clock: Clock, cpu: CpuCloc
             creationTimestamp=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         )
         pod["status"] = {"phase": "Pending"}
-        watch("ADDED", pod, "added")
+        extender.watch("ADDED", pod, "added")
         rack = next(iter(gang_racks.get(shape.gang, ())), None) if shape.gang else None
-        body = jsonio.dumps({"Pod": pod, "NodeNames": in_tree.sample(shape, rack)})
-        began = cpu()
-        reply = verbs.handle_filter(
-            body, cache.snapshot(), config, clock.now(), recent=recent, memo=memo
-        )
-        spent["filter"] += cpu() - began
-        named = jsonio.loads(reply.body).get("NodeNames") or []
-        if not named:
+        node = extender.filter(pod, in_tree.sample(shape, rack))
+        indices = None if node is None else extender.bind(pod, node)
+        if node is None or indices is None:
             continue
-        node = NodeName(named[0])
-        binding = {
-            "PodName": metadata["name"],
-            "PodNamespace": metadata["namespace"],
-            "PodUID": metadata["uid"],
-            "Node": node,
-        }
-        began = cpu()
-        step = verbs.plan_bind(
-            jsonio.dumps(binding), cache.snapshot(), config, clock.now(), seen=recent, memo=memo
-        )
-        if isinstance(step, verbs.Reply):
-            spent["bind"] += cpu() - began
-            continue
-        allocation = step.plan.allocation
-        if allocation is not None:
-            cache.assume(step.plan.pod, allocation)
-        spent["bind"] += cpu() - began
         version += 1
         pod["spec"]["nodeName"] = node
         metadata["resourceVersion"] = str(version)
-        if allocation is not None and allocation.indices:
+        if indices:
             annotations = metadata.setdefault("annotations", {})
-            annotations[labels.GPU_INDICES] = ",".join(map(str, allocation.indices))
-        watch("MODIFIED", pod, "bound")
+            annotations[labels.GPU_INDICES] = ",".join(map(str, indices))
+        extender.watch("MODIFIED", pod, "bound")
         in_tree.bind(node, shape)
         placed += 1
         if shape.gang:
             gang_racks.setdefault(shape.gang, set()).add(racks[node])
     return Replay(
-        spent,
+        extender.spent,
         placed,
         len(pods),
         {gang: frozenset(r) for gang, r in gang_racks.items()},
