@@ -35,7 +35,7 @@ from datetime import datetime
 from cluster import jsonio
 from cluster.model import NodeName, PodInfo, PodKey
 from cluster.snapshot import Snapshot
-from extender import decide, wire
+from extender import decide, preemption, wire
 from extender.config import ExtenderConfig
 from extender.memo import DecisionCache
 
@@ -236,5 +236,5 @@ def handle_preempt(
         args = wire.decode_preemption_args(body, recent, snapshot.pods)
     except wire.BadRequest as exc:
         return _bad(str(exc))
-    chosen = decide.preempt(snapshot, args.pod, args.proposals, config, now, memo=memo)
+    chosen = preemption.preempt(snapshot, args.pod, args.proposals, config, now, memo=memo)
     return Reply(OK, wire.encode_preemption_result(chosen))

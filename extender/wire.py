@@ -40,7 +40,8 @@ from cluster.convert.pods import pod_from_json
 from cluster.convert.raw import ConversionError
 from cluster.echo import echo
 from cluster.model import NodeName, PodInfo, PodKey, pod_key
-from extender.decide import FilterOutcome, NodeVictims, Victim
+from extender.decide import FilterOutcome
+from extender.preemption import NodeVictims, Victim
 
 MAX_BODY_BYTES: Final = 256 * 1024 * 1024
 """Largest body decoded: 5,000 full Node objects with managedFields stay well inside."""

@@ -1,5 +1,6 @@
-"""The four decisions over a snapshot: what filter answers per node, what bind takes,
-which victims preemption keeps, and how full Node objects meet the cache."""
+"""Filter, bind and the request's nodes over a snapshot: what filter answers per node,
+what bind takes, and how full Node objects meet the cache (preemption's tests are in
+``test_extender_preemption``)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from cluster.model import (
 from cluster.snapshot import Snapshot
 from extender import decide
 from extender.config import ExtenderConfig
-from extender.decide import BindPlan, BindRefusal, NodeVictims, Victim
+from extender.decide import BindPlan, BindRefusal
 from tests import builders
 from tests.unit.test_extender_builders import (
     CONFIG,
@@ -318,140 +319,6 @@ def test_a_pod_without_gpus_binds_without_an_allocation() -> None:
     assert got.gpu_indices == ""
 
 
-# ---------------------------------------------------------------- preempt
-
-FULL = [
-    pod("two-a", demand(2), node="n1", indices=(0, 1)),
-    pod("two-b", demand(2), node="n1", indices=(2, 3)),
-    pod("four", demand(4), node="n1", indices=(4, 5, 6, 7)),
-    pod("half", demand(milli=500), node="n2", indices=(0,)),
-    pod("half2", demand(milli=500), node="n2", indices=(0,)),
-    pod("rest", demand(7), node="n2", indices=(1, 2, 3, 4, 5, 6, 7)),
-]
-
-
-def victims(*names: str, pdb: int = 0) -> NodeVictims:
-    return NodeVictims(tuple(Victim(f"uid-{n}") for n in names), pdb)
-
-
-def preempted(want: PodDemand, proposals: dict[str, NodeVictims]) -> dict[str, NodeVictims]:
-    snap = snapshot(
-        [
-            node(".... ....", "n1"),
-            node(".... ....", "n2"),
-            node(".... ....", "a100", product="A100"),
-        ],
-        FULL,
-    )
-    return {
-        str(k): v for k, v in decide.preempt(snap, pod("p", want), proposals, CONFIG, NOW).items()
-    }
-
-
-@pytest.mark.parametrize(
-    ("want", "proposals", "expected"),
-    [
-        pytest.param(
-            demand(4),
-            {"n1": victims("two-a", "two-b", "four", pdb=2)},
-            {"n1": victims("four", pdb=1)},
-            id="one-victim-frees-an-island",
-        ),
-        pytest.param(
-            demand(4),
-            {"n1": victims("two-a", "two-b")},
-            {"n1": victims("two-a", "two-b")},
-            id="both-halves-of-an-island",
-        ),
-        pytest.param(
-            demand(4),
-            {"n1": victims("two-a", "four")},
-            {"n1": victims("four")},
-            id="a-useless-victim-is-spared",
-        ),
-        pytest.param(
-            demand(2),
-            {"n1": victims("four", "two-b")},
-            {"n1": victims("two-b")},
-            id="fewest-milli-among-equal-counts",
-        ),
-        pytest.param(
-            demand(4),
-            {"n1": victims("two-a")},
-            {},
-            id="not-enough-freed-drops-the-node",
-        ),
-        pytest.param(
-            demand(1),
-            {"n2": victims("half", "half2")},
-            {"n2": victims("half", "half2")},
-            id="a-shared-gpu-needs-all-its-sharers",
-        ),
-        pytest.param(demand(1), {"n2": victims("half")}, {}, id="one-sharer-is-not-enough"),
-        pytest.param(
-            demand(1),
-            {"n2": victims("half", "half2", "rest")},
-            {"n2": victims("rest")},
-            id="fewest-victims-even-if-larger",
-        ),
-        pytest.param(
-            demand(milli=500),
-            {"n2": victims("half", "half2", "rest")},
-            {"n2": victims("half")},
-            id="a-share-needs-one-sharer-gone",
-        ),
-        pytest.param(
-            demand(4),
-            {"n1": NodeVictims((Victim("uid-unknown"), Victim("uid-four")), 0)},
-            {"n1": NodeVictims((Victim("uid-unknown"), Victim("uid-four")), 0)},
-            id="victims-without-gpus-are-kept-for-kube-scheduler",
-        ),
-        pytest.param(
-            demand(4, products=("H100",)),
-            {"a100": victims(), "ghost": victims()},
-            {},
-            id="hopeless-nodes",
-        ),
-        pytest.param(
-            demand(4, products=("A100",)),
-            {"n1": victims("four")},
-            {},
-            id="product-mismatch-no-eviction-helps",
-        ),
-    ],
-)
-def test_preempt(
-    want: PodDemand, proposals: dict[str, NodeVictims], expected: dict[str, NodeVictims]
-) -> None:
-    assert preempted(want, proposals) == expected
-
-
-def test_preempt_finds_victims_by_key_when_given_whole_pods() -> None:
-    proposal = NodeVictims((Victim("uid-four", PodKey("ns/four")),))
-    assert preempted(demand(4), {"n1": proposal}) == {"n1": proposal}
-
-
-def test_preempt_counts_the_room_a_gang_gains_from_eviction() -> None:
-    nodes = [node(".... ....", "n1", rack="r1"), node(".... ....", "n2", rack="r1")]
-    held = [
-        pod("x", demand(4), node="n1", indices=(0, 1, 2, 3)),
-        pod("y", demand(4), node="n1", indices=(4, 5, 6, 7)),
-    ]
-    member = demand(4, gang="ns.g", size=3, topology="required:rack")
-    snap = snapshot(nodes, held)
-    assert decide.filter_nodes(snap, pod("m", member), ["n2"], CONFIG, NOW).failed
-    got = decide.preempt(snap, pod("m", member), {"n1": victims("x", "y")}, CONFIG, NOW)
-    assert got == {"n1": victims("x")}
-
-
-def test_preempt_settles_for_a_minimal_set_when_subsets_are_too_many() -> None:
-    snap = snapshot([node(".... ....", "n1")], FULL)
-    proposal = {"n1": victims("two-a", "two-b", "four")}
-    got = decide.preempt(snap, pod("p", demand(4)), proposal, CONFIG, NOW, max_subsets=1)
-    # greedy, sparing from the last: minimal (neither pair can be spared), not the smallest
-    assert got == {"n1": victims("two-a", "two-b")}
-
-
 # ---------------------------------------------------------------- a GPU request that is no count
 
 
@@ -481,12 +348,10 @@ def test_a_pod_with_an_unusable_gpu_request_given_full_nodes_fits_none_of_them()
     assert (outcome.fits, dict(outcome.unresolvable)) == ((), {"n1": REFUSAL})
 
 
-def test_a_pod_with_an_unusable_gpu_request_is_never_bound_scored_or_preempted_for() -> None:
+def test_a_pod_with_an_unusable_gpu_request_is_never_bound_or_scored() -> None:
     snap = bind_cluster()
     assert decide.plan_bind(snap, unusable(), "n1", CONFIG, NOW) == BindRefusal(
         f"cannot bind pod ns/p: {REFUSAL}"
     )
     assert decide.score_nodes(snap, unusable(), ["n1", "n2"], CONFIG, NOW) == [None, None]
     assert decide.prioritize(snap, unusable(), ["n1", "n2"], CONFIG, NOW) == [0, 0]
-    held = snapshot([node(".... ....", "n1")], FULL)
-    assert decide.preempt(held, unusable(), {"n1": victims("four")}, CONFIG, NOW) == {}

@@ -34,10 +34,10 @@ from cluster.snapshot import Snapshot, apply_allocation, gpus_needed
 from extender import decide
 from extender.config import ExtenderConfig, ScoringWeights
 from extender.context import FIT, Unfit
-from extender.decide import NodeVictims, Victim
 from extender.filters import filter_gpus, run_filters
 from extender.gangs import build_context
 from extender.gpus import choose_gpus, pod_fits
+from extender.preemption import NodeVictims, Victim, preempt
 from extender.scores import MAX_SCORE, SCORERS, score_node
 from tests.builders import BLOCK_LABEL, H100, RACK_LABEL
 from tests.unit.test_extender_builders import CONFIG, NOW, RELAXED, pod, snapshot
@@ -261,7 +261,7 @@ def test_preempt_answers_the_fewest_proposed_victims_that_really_free_a_placemen
     case: tuple[Snapshot, PodInfo, dict[str, NodeVictims]], config: ExtenderConfig
 ) -> None:
     snap, preemptor, proposals = case
-    answer = decide.preempt(snap, preemptor, proposals, config, NOW)
+    answer = preempt(snap, preemptor, proposals, config, NOW)
     ctx = build_context(snap, preemptor, config, NOW)
     proposed = proposals["n"]
     all_uids = {v.uid for v in proposed.pods}

@@ -15,7 +15,8 @@ from cluster.convert.pods import pod_from_json
 from cluster.feed import CacheFeed
 from cluster.model import NodeName, PodKey
 from extender import verbs, wire
-from extender.decide import FilterOutcome, NodeVictims, Victim
+from extender.decide import FilterOutcome
+from extender.preemption import NodeVictims, Victim
 from tests import builders
 from tests.unit.test_extender_builders import CONFIG, NOW
 
