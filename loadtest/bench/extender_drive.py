@@ -29,8 +29,9 @@ from loadtest.measure.openloop import (
     Schedule,
     run_open_loop,
 )
-from loadtest.measure.pinned import Pinned, free_port, proc_cpu_s
+from loadtest.measure.pinned import Pinned, proc_cpu_s
 from loadtest.measure.stats import Histogram, Scraped, Summary, scrape_histogram
+from loadtest.ports import free_port
 
 
 def pinned_server(

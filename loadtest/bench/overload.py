@@ -68,11 +68,11 @@ from loadtest.measure.pinned import (
     SERVER_NAME,
     BenchError,
     Pinned,
-    free_port,
     make_certs,
     proc_cpu_s,
     proc_memory,
 )
+from loadtest.ports import free_port
 from server.tls import client_context
 
 # ---------------------------------------------------------------- the load, in its own process

@@ -91,7 +91,8 @@ from loadtest.bench.webhook_report import (
     Scaled,
 )
 from loadtest.measure.openloop import Http1Connection, RequestFailed
-from loadtest.measure.pinned import SERVER_NAME, BenchError, free_port, make_certs
+from loadtest.measure.pinned import SERVER_NAME, BenchError, make_certs
+from loadtest.ports import free_port
 from server.tls import client_context
 
 # ---------------------------------------------------------------- servers

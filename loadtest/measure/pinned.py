@@ -1,7 +1,7 @@
 """A server under benchmark as a child process pinned to one CPU, and what ``/proc`` says
 of it.
 
-Layer: I/O (starts and stops processes, reads ``/proc``, picks free ports, makes the
+Layer: I/O (starts and stops processes, reads ``/proc``, makes the
 servers' certificates). Used by the benchmarks and the load test's local targets; must not
 decide anything about what the server answers.
 """
@@ -9,7 +9,6 @@ decide anything about what the server answers.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from cluster.clock import Clock
+from loadtest.ports import free_port
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 PIN_AND_RUN: Final = (
@@ -35,14 +35,6 @@ name would be in a cluster; the socket goes to 127.0.0.1 only."""
 
 class BenchError(Exception):
     """Something that stops the benchmark; the message says what to do."""
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def proc_memory(pid: int) -> dict[str, int]:

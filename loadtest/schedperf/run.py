@@ -40,6 +40,7 @@ from cluster import jsonio
 from cluster.clock import Clock
 from loadtest.measure.pinned import proc_cpu_s
 from loadtest.measure.stats import scrape_counters
+from loadtest.ports import free_port
 from loadtest.schedperf import profiles
 from loadtest.schedperf.results import RunRecord, placement
 from loadtest.schedperf.workload import (
@@ -49,7 +50,7 @@ from loadtest.schedperf.workload import (
     background_pods,
     pod_manifest,
 )
-from loadtest.stack.controlplane import ControlPlane, Credentials, free_port
+from loadtest.stack.controlplane import ControlPlane, Credentials
 from loadtest.stack.fleet import FakeNode
 from loadtest.stack.kubeapi import KubeApi
 from loadtest.stack.servers import Probe, ServerProcess

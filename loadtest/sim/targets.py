@@ -25,7 +25,8 @@ import aiohttp
 
 from cluster import jsonio
 from cluster.clock import Clock
-from loadtest.measure.pinned import ROOT, free_port, make_certs, proc_memory
+from loadtest.measure.pinned import ROOT, make_certs, proc_memory
+from loadtest.ports import free_port
 from server.tls import client_context
 
 

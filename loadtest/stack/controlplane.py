@@ -18,7 +18,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -35,11 +34,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from cluster.clock import Clock, SystemClock
 from cluster.logs import fields
+from loadtest.ports import LOOPBACK, free_port
 
 log = logging.getLogger(__name__)
 
 BUILD_SCRIPT: Final = Path(__file__).resolve().parents[2] / "tests" / "e2e" / "build_binaries.sh"
-LOOPBACK: Final = "127.0.0.1"
 # Without kubelets the node-lifecycle controller taints every API-created node unreachable
 # after about 40 s; everything else (job controller, garbage collector, ...) stays on.
 DEFAULT_CONTROLLERS: Final = "*,-node-lifecycle-controller"
@@ -106,14 +105,6 @@ def find_jobset(progress: IO[str] | None = None) -> Path:
     """The folder holding the pinned JobSet manager (``bin/jobset``) and the webhook
     configuration and ClusterRole YAMLs of that release (``config/``)."""
     return _run_build_script("jobset", progress)
-
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True, slots=True)

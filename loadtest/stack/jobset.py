@@ -34,8 +34,9 @@ from typing import Any, Final
 import yaml
 
 from cluster import labels
+from loadtest.ports import LOOPBACK
 from loadtest.stack import kubebuilder
-from loadtest.stack.controlplane import LOOPBACK, ControlPlane
+from loadtest.stack.controlplane import ControlPlane
 from loadtest.stack.install import Identity
 from loadtest.stack.kubebuilder import ManagerPorts
 from loadtest.stack.servers import Probe, ServerProcess

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from loadtest.stack.controlplane import LOOPBACK, free_port
+from loadtest.ports import LOOPBACK, free_port
 
 WEBHOOK_CONFIG_KINDS: Final = frozenset(
     {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}

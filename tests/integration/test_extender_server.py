@@ -46,7 +46,7 @@ from extender.app import CACHE, create_app
 from extender.binder import Binder, MemoryBinder
 from extender.flavors import FLAVORS_PATH
 from extender.settings import ExtenderSettings, parse_levels
-from loadtest.measure.pinned import free_port
+from loadtest.ports import free_port
 from server.serving import DEBUG_ROUTES, EXPOSITION, GUARD, metrics_app, running
 from server.tls import CertReloader, client_context
 from tests.binders import FailingBinder, GatedBinder

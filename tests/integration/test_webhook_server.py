@@ -27,7 +27,7 @@ import pytest
 
 from cluster import jsonio, labels
 from cluster.clock import ManualClock
-from loadtest.measure.pinned import free_port
+from loadtest.ports import free_port
 from server import serving
 from server.tls import CertReloader, client_context
 from tests.certfiles import Material, make_material
