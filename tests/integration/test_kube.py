@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 
 from cluster.clock import ManualClock
 from cluster.kube import (
@@ -98,6 +99,27 @@ async def test_get_sends_the_bearer_token_over_verified_tls(
     got = await client.get_json("/api/v1/namespaces/default/pods/a")
     assert got["metadata"]["name"] == "a"
     assert api.requests[-1].headers["Authorization"] == f"Bearer {TOKEN}"
+
+
+async def test_a_cookie_the_server_sets_is_never_sent_back(tls: TlsFiles) -> None:
+    """As client-go: no cookie jar, so what a proxy in front of kube-apiserver sets is
+    not replayed on the requests after it (nor filtered for each of them)."""
+
+    async def set_cookie(_request: web.Request, response: web.StreamResponse) -> None:
+        response.headers.add("Set-Cookie", "session=from-a-proxy; Path=/")
+
+    server = FakeApiServer(token=TOKEN, ssl_context=tls.server_context())
+    server.app.on_response_prepare.append(set_cookie)
+    async with server as api:
+        api.put(PODS, pod("a"))
+        # by name: a cookie jar keeps nothing an IP address sets
+        by_name = api.url.replace("127.0.0.1", "localhost")
+        config = KubeConfig.explicit(by_name, token=TOKEN, ca_file=tls.ca_cert)
+        async with KubeClient(config) as kube:
+            for _ in range(2):
+                await kube.get_json("/api/v1/namespaces/default/pods/a")
+    assert len(api.requests) == 2
+    assert all("Cookie" not in r.headers for r in api.requests)
 
 
 async def test_list_follows_continue_tokens_and_returns_the_list_version(
